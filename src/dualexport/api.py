@@ -1,0 +1,254 @@
+"""``dx.export`` and ``dx.compare``: the glue between the shared program, the targets, the
+weight manifest and the parity check."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from ._versions import library_versions
+from .errors import (
+    DualExportError,
+    InputError,
+    InternalError,
+    LoweringError,
+    OnnxLoweringError,
+    RuntimeExecutionError,
+    XnnpackLoweringError,
+)
+from .exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter, normalize_targets
+from .outputs import atomic_write_text, check_name, commit_files, prepare_out_dir, staging_dir
+from .parity.compare import run_parity
+from .parity.report import ParityReport
+from .shared_state import SharedProgram
+from .weights import WeightCheck, WeightManifest, verify_manifest
+from .weights.locate import build_entries, holder_tensors, locate_onnx, locate_pte
+from .weights.readers import read_onnx, read_pte
+
+__all__ = ["Artifact", "ExportResult", "export", "compare"]
+
+logger = logging.getLogger(__name__)
+
+_LOWERING_ERRORS = {"onnx": OnnxLoweringError, "xnnpack": XnnpackLoweringError}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One target's files on disk, and what lowering learned about it."""
+
+    target: str
+    path: pathlib.Path
+    files: tuple[pathlib.Path, ...]
+    ops: tuple[str, ...]
+    seconds: float
+    delegation: DelegationReport | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    program: SharedProgram
+    artifacts: Mapping[str, Artifact]
+    errors: Mapping[str, DualExportError]
+    manifest: WeightManifest
+    out_dir: pathlib.Path
+    name: str
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def verify_weights(self) -> WeightCheck:
+        """Re-read every artifact from disk; raise WeightMismatchError naming each entry that a
+        file or the holder no longer matches."""
+        return verify_manifest(self.manifest, self.out_dir, holder_tensors(self.program.exported_program))
+
+
+def _check_args(model: Any, args: Any, kwargs: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}",
+                         hint="pass the module instance, e.g. dx.export(MyNet(), (x,))")
+    if not isinstance(args, tuple):
+        raise InputError(f"args must be a tuple of example inputs, got {type(args).__name__}",
+                         hint="wrap a single tensor as (x,)")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InputError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+
+
+def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, name: str,
+                  options: ExportOptions) -> tuple[Artifact, LoweredTarget]:
+    """Decompose, lower into a staging folder, smoke-run from disk, then commit the files."""
+    exporter = get_exporter(target)
+    start = time.perf_counter()
+    with shared.guard(target):
+        decomposed = shared.decompose(target, exporter.decompose)
+        with staging_dir(out_dir) as staging:
+            try:
+                lowered = exporter.lower(decomposed, staging, name, options)
+            except DualExportError:
+                raise
+            except Exception as exc:
+                raise _LOWERING_ERRORS[target](
+                    f"lowering failed: {type(exc).__name__}: {exc}", target=target,
+                    hint="see the chained exception") from exc
+            _smoke_run(shared, target, lowered.files[0])
+            files = commit_files(lowered.files, out_dir)
+    seconds = time.perf_counter() - start
+    art = Artifact(target=target, path=files[0], files=files, ops=lowered.ops, seconds=seconds,
+                   delegation=lowered.delegation,
+                   details={k: v for k, v in lowered.details.items() if k != "kept_tensors"})
+    return art, lowered
+
+
+def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
+    """Load the artifact from disk in its runtime and run it once on the example inputs."""
+    from .runtimes import open_runner
+    from .runtimes.eager import flatten_inputs
+
+    runner = open_runner(target, path)
+    flat = flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs)
+    outs = runner.run(flat)
+    if not outs:
+        raise RuntimeExecutionError(f"{path.name} ran but returned no outputs", target=target)
+
+
+def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
+              lowered: Mapping[str, LoweredTarget], name: str) -> WeightManifest:
+    program = shared.exported_program
+    digests = shared.weight_digests()
+    entries = build_entries(program, digests)
+    tensors = holder_tensors(program)
+    stores: dict[str, Any] = {}
+    for target, art in artifacts.items():
+        stores[target] = read_onnx(art.path) if target == "onnx" else read_pte(art.path)
+    located = []
+    for e in entries:
+        locs = {}
+        for target, store in stores.items():
+            notes = lowered[target].weight_notes
+            if target == "onnx":
+                locs[target] = locate_onnx(e, store, notes)
+            else:
+                locs[target] = locate_pte(e, tensors.get(e.name), store, notes)
+        located.append(type(e)(**{**e.__dict__, "locations": locs}))
+    fp = shared.fingerprint(rehash=False)
+    return WeightManifest(
+        entries=tuple(located),
+        artifacts={t: {"file": a.path.name, "files": [f.name for f in a.files]} for t, a in artifacts.items()},
+        versions=library_versions(),
+        program={"graph_sha256": fp.graph, "shapes_sha256": fp.shapes, "file": f"{name}.pt2"},
+    )
+
+
+def export(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    target: str | Sequence[str] = ("onnx", "xnnpack"),
+    out_dir: str | os.PathLike = "dualexport_out",
+    name: str = "model",
+    dynamic_shapes: Any = None,
+    transforms: Sequence[Callable[..., Any]] = (),
+    quantize: str | None = None,
+    calibration: Iterable[tuple[Any, ...]] | None = None,
+    strict: bool = False,
+    options: ExportOptions | None = None,
+) -> ExportResult:
+    """Trace once, transform once, lower to each target from the one shared program, write
+    ``<name>.onnx`` / ``<name>.pte`` / ``<name>.weights.json`` into ``out_dir``.
+
+    A failing target does not stop the others (its error is in ``res.errors``) unless
+    ``strict=True``, which raises the first target error.
+    """
+    targets = normalize_targets(target)
+    _check_args(model, args, kwargs)
+    name = check_name(name)
+    if quantize is not None:
+        raise InputError(f"quantize={quantize!r} is not supported yet",
+                         hint="export without quantize; int8 (PT2E) support is tracked in the coverage issue")
+    out = prepare_out_dir(out_dir)
+    options = options or ExportOptions()
+    t0 = time.perf_counter()
+    shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
+    if transforms:
+        shared.apply_transforms(transforms)
+    shared.weight_digests()
+    seconds: dict[str, float] = {"capture": shared.capture_seconds}
+    artifacts: dict[str, Artifact] = {}
+    lowered: dict[str, LoweredTarget] = {}
+    errors: dict[str, DualExportError] = {}
+    for t in targets:
+        try:
+            artifacts[t], lowered[t] = _lower_target(shared, t, out, name, options)
+            seconds[t] = artifacts[t].seconds
+        except DualExportError as exc:
+            logger.error("%s", exc)
+            errors[t] = exc
+        except Exception as exc:  # a library failure we did not anticipate
+            errors[t] = InternalError(f"{t}: {type(exc).__name__}: {exc}", target=t)
+            errors[t].__cause__ = exc
+            logger.error("%s", errors[t])
+    manifest = _manifest(shared, artifacts, lowered, name)
+    if artifacts:
+        atomic_write_text(out / f"{name}.weights.json", manifest.to_json())
+        with staging_dir(out) as staging:
+            shared.save(str(staging / f"{name}.pt2"))
+            commit_files((staging / f"{name}.pt2",), out)
+        from .parity.inputs import save_inputs
+        from .runtimes.eager import flatten_inputs
+
+        save_inputs(out / f"{name}.inputs.npz",
+                    flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs))
+    if "xnnpack" in artifacts and artifacts["xnnpack"].delegation is not None:
+        d = artifacts["xnnpack"].delegation
+        atomic_write_text(out / f"{name}.delegation.json", json.dumps(d.to_dict(), indent=2) + "\n")
+        atomic_write_text(out / f"{name}.delegation.md", d.to_markdown())
+    for problem in manifest.problems():
+        logger.warning("weight manifest: %s", problem)
+    seconds["total"] = time.perf_counter() - t0
+    res = ExportResult(shared, MappingProxyType(artifacts), MappingProxyType(errors), manifest, out,
+                       name, MappingProxyType(seconds))
+    if strict and errors:
+        raise next(iter(errors.values()))
+    return res
+
+
+def _input_sets(res_program: Any, inputs: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    ep = res_program
+    if inputs is None:
+        return []
+    sets = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], dict) and isinstance(item[0], tuple):
+            sets.append((f"input{i}", item[0], item[1]))
+        elif isinstance(item, tuple):
+            sets.append((f"input{i}", item, {}))
+        else:
+            raise InputError(f"inputs[{i}] must be a tuple of arguments, got {type(item).__name__}",
+                             hint="pass inputs=[(x1,), (x2,)]")
+    del ep
+    return sets
+
+
+def compare(res: ExportResult, inputs: Iterable[Any] | None = None, *, rtol: float | None = None,
+            atol: float | None = None, steps: int = 1) -> ParityReport:
+    """Eager (the shared program) vs ONNX Runtime vs ExecuTorch, from the files on disk."""
+    shared = res.program
+    sets = [("example", shared.example_args, shared.example_kwargs)]
+    sets += _input_sets(shared.exported_program, inputs)
+    paths = {t: a.path for t, a in res.artifacts.items()}
+    if not paths:
+        raise InputError("no artifact to compare: every target failed",
+                         hint="look at res.errors for why each target failed")
+    return run_parity(shared.exported_program, paths, sets, rtol=rtol, atol=atol, steps=steps)

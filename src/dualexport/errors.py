@@ -1,0 +1,143 @@
+"""The DualExportError tree: one class per phase, user errors apart from internal ones.
+
+Why: a release pipeline has to tell "your input is wrong, do X" from "we broke"; and a caller that
+catches one phase (say lowering for one target) must not swallow another. Every message names the
+problem and what to try next; where there is a node, it names the op, the node and the line of the
+user's model.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DualExportError",
+    "UserError",
+    "InternalError",
+    "InputError",
+    "CaptureError",
+    "TransformError",
+    "DecompositionError",
+    "LoweringError",
+    "OnnxLoweringError",
+    "XnnpackLoweringError",
+    "RuntimeLoadError",
+    "RuntimeExecutionError",
+    "ParityError",
+    "WeightMismatchError",
+    "ArtifactIOError",
+    "ProgramMutatedError",
+]
+
+
+class DualExportError(Exception):
+    """Base of every error this package raises on purpose.
+
+    ``target`` names the export target ("onnx", "xnnpack") when the error belongs to one;
+    ``hint`` is the "what to try" sentence, kept separate so reports can show it on its own.
+    """
+
+    phase: str = "dualexport"
+
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None):
+        self.message = message
+        self.target = target
+        self.hint = hint
+        text = message
+        if target is not None and not message.startswith(f"[{target}]"):
+            text = f"[{target}] {text}"
+        if hint:
+            text = f"{text}\nWhat to try: {hint}"
+        super().__init__(text)
+
+
+class UserError(DualExportError):
+    """The input (model, arguments, options, files) is the cause; the user can fix it."""
+
+
+class InternalError(DualExportError):
+    """A bug in dualexport or in a library it drives; the message says so."""
+
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None):
+        super().__init__(
+            f"internal error (a bug in dualexport or the library it drives, not in your input): {message}",
+            target=target,
+            hint=hint or "report it with the model and the command that raised it",
+        )
+
+
+class InputError(UserError):
+    """Bad arguments to export/compare or to the CLI, found before any work was done."""
+
+    phase = "input"
+
+
+class CaptureError(UserError):
+    """torch.export could not trace the model."""
+
+    phase = "capture"
+
+
+class TransformError(UserError):
+    """A user transform raised, or left the shared program invalid."""
+
+    phase = "transform"
+
+
+class DecompositionError(DualExportError):
+    """A target's decomposition of the shared program failed."""
+
+    phase = "decomposition"
+
+
+class LoweringError(DualExportError):
+    """A target could not turn its decomposed program into an artifact."""
+
+    phase = "lowering"
+
+
+class OnnxLoweringError(LoweringError):
+    """torch.onnx could not translate (or save) the program."""
+
+
+class XnnpackLoweringError(LoweringError):
+    """ExecuTorch could not lower, delegate or serialize the program."""
+
+
+class RuntimeLoadError(DualExportError):
+    """An artifact on disk could not be loaded by its runtime (ORT, ExecuTorch)."""
+
+    phase = "runtime-load"
+
+
+class RuntimeExecutionError(DualExportError):
+    """An artifact loaded but failed when run."""
+
+    phase = "runtime-execution"
+
+
+class ParityError(DualExportError):
+    """The parity check itself could not run (mismatched outputs, bad inputs)."""
+
+    phase = "parity"
+
+
+class WeightMismatchError(DualExportError):
+    """An artifact on disk or the holder no longer carries the weights the manifest records."""
+
+    phase = "weights"
+
+    def __init__(self, message: str, *, problems: tuple[str, ...] = (), target: str | None = None,
+                 hint: str | None = None):
+        self.problems = problems
+        super().__init__(message, target=target, hint=hint)
+
+
+class ArtifactIOError(UserError):
+    """Reading or writing files failed: unwritable folder, truncated or foreign artifact, escape."""
+
+    phase = "io"
+
+
+class ProgramMutatedError(InternalError):
+    """Lowering changed the shared program and it could not be repaired."""
+
+    phase = "lowering"

@@ -1,0 +1,54 @@
+"""What every target exporter provides, and what it hands back."""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from torch.export import ExportedProgram
+
+from .delegation import DelegationReport
+
+__all__ = ["Exporter", "LoweredTarget", "ExportOptions"]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Options a target may read; defaults are what a careful user would pick."""
+
+    external_data_threshold: int = 1024  # bytes: larger ONNX initializers go to <name>.onnx.data
+    onnx_opset: int | None = None
+
+
+@dataclass(frozen=True)
+class LoweredTarget:
+    """Files a target wrote into the staging folder (main file first) and what it learned.
+
+    ``weight_notes`` maps a state_dict name to why the target does not store it as-is (fused,
+    folded, unused, quantized), derived from the decomposed graph; the manifest uses it when the
+    bytes are not found in the artifact.
+    """
+
+    target: str
+    files: tuple[pathlib.Path, ...]
+    ops: tuple[str, ...] = ()
+    delegation: DelegationReport | None = None
+    weight_notes: dict[str, str] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Exporter(Protocol):
+    """A target: decompose the shared program for it, then lower the decomposed program to files."""
+
+    target: ClassVar[str]
+    suffix: ClassVar[str]
+
+    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+        """Return the target's decomposed program (a new program; the shared one is untouched)."""
+        ...
+
+    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
+              options: ExportOptions) -> LoweredTarget:
+        """Write ``<name><suffix>`` (and side files) into ``staging``."""
+        ...

@@ -1,0 +1,132 @@
+"""The ONNX target: torch.onnx's dynamo exporter fed with the shared program's decomposition.
+
+Why the private exporter steps: ``torch.onnx.export(ep)`` decomposes again and keeps yet another
+program with another dict; calling its two phases (decompose, translate) lets the decomposed
+program be the one linked to the holder, and translates it once.
+
+Deliberate choice (DESIGN.md, "Know before designing the manifest"): the graph is *not* run
+through torch.onnx's optimizer, which folds BatchNorm into Conv and keeps the name ``conv.weight``
+for the folded values. Every initializer that carries a weight's name carries its bytes; ONNX
+Runtime does the same fusions at session load (graph optimization level ALL), so speed is not
+lost. Only dead nodes and unused initializers are removed (onnx_ir RemoveUnusedNodesPass).
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import ClassVar
+
+import torch
+from torch.export import ExportedProgram
+
+from ..errors import OnnxLoweringError
+from ..shared_state.nodes import describe_node, unused_weight_notes
+from .base import ExportOptions, LoweredTarget
+
+__all__ = ["OnnxExporter", "unsupported_nodes"]
+
+logger = logging.getLogger(__name__)
+
+_SKIP_OPS = {"getitem"}
+
+
+def _registry():
+    from torch.onnx._internal.exporter import _registration
+
+    return _registration.ONNXRegistry.from_torchlib()
+
+
+def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.Node]:
+    """call_function nodes whose ATen op has no ONNX translation in torch.onnx's registry."""
+    registry = registry or _registry()
+    out = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if not registry.is_registered(node.target):
+            out.append(node)
+    return out
+
+
+class OnnxExporter:
+    target: ClassVar[str] = "onnx"
+    suffix: ClassVar[str] = ".onnx"
+
+    def __init__(self) -> None:
+        self._reg = None
+
+    @property
+    def registry(self):
+        if self._reg is None:
+            self._reg = _registry()
+        return self._reg
+
+    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+        from torch.onnx._internal.exporter import _core
+
+        return _core._prepare_exported_program_for_export(program, registry=self.registry)
+
+    def _diagnose(self, decomposed: ExportedProgram, exc: BaseException) -> OnnxLoweringError:
+        missing = unsupported_nodes(decomposed, self.registry)
+        if missing:
+            where = "; ".join(describe_node(n) for n in missing[:5])
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            return OnnxLoweringError(
+                f"no ONNX translation for {len(missing)} node(s): {where}{more}",
+                target=self.target,
+                hint="replace the op in the model with supported ones, register a translation with "
+                "torch.onnx.ONNXRegistry / custom_translation_table, or export target='xnnpack' alone",
+            )
+        first = str(exc).strip().splitlines()
+        return OnnxLoweringError(
+            f"torch.onnx could not translate the program: {type(exc).__name__}: "
+            f"{first[-1] if first else ''}",
+            target=self.target,
+            hint="see the chained exception; torch.onnx.export(..., report=True) on the same "
+            "program writes a detailed report",
+        )
+
+    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
+              options: ExportOptions) -> LoweredTarget:
+        import onnx
+        import onnx_ir as ir
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+        from torch.onnx._internal.exporter import _core
+
+        try:
+            onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=self.registry)
+        except Exception as exc:
+            raise self._diagnose(decomposed, exc) from exc
+        model = onnx_program.model
+        if options.onnx_opset is not None:
+            from onnxscript import version_converter
+
+            version_converter.convert_version(model, options.onnx_opset)
+        RemoveUnusedNodesPass()(model)
+        model.producer_name = "dualexport"
+
+        path = staging / f"{name}.onnx"
+        data_name = f"{name}.onnx.data"
+        big = [v for v in model.graph.initializers.values()
+               if v.const_value is not None and v.const_value.nbytes >= options.external_data_threshold]
+        try:
+            if big:
+                ir.save(model, path, external_data=data_name,
+                        size_threshold_bytes=options.external_data_threshold)
+            else:
+                ir.save(model, path)
+            onnx.checker.check_model(str(path), full_check=False)
+        except Exception as exc:
+            raise OnnxLoweringError(
+                f"the ONNX model failed to save or check: {type(exc).__name__}: {exc}",
+                target=self.target,
+                hint="this is usually an exporter bug; try onnx_opset=<another opset>",
+            ) from exc
+        files = [path] + ([staging / data_name] if big else [])
+        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}"
+                            for n in model.graph}))
+        return LoweredTarget(target=self.target, files=tuple(files), ops=ops,
+                             weight_notes=unused_weight_notes(decomposed),
+                             details={"op_list": [n.op_type for n in model.graph],
+                                      "opset": model.opset_imports.get("", None)})

@@ -1,0 +1,123 @@
+"""The XNNPACK target: ExecuTorch ``to_edge_transform_and_lower`` with the XNNPACK partitioner.
+
+It is fed the shared program's decomposition (never a separately kept graph module), so every
+user transform reaches the delegate; the decomposition preserves the ops XNNPACK asks to keep
+whole (linear, conv, ...), as ExecuTorch itself does before partitioning.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any, ClassVar
+
+import torch
+from torch.export import ExportedProgram
+
+from ..errors import XnnpackLoweringError
+from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
+from .base import ExportOptions, LoweredTarget
+from .delegation import DelegationReport
+
+__all__ = ["XnnpackExporter", "weight_notes"]
+
+logger = logging.getLogger(__name__)
+
+_BN_OPS = {"aten._native_batch_norm_legit_no_training.default", "aten.batch_norm.default",
+           "aten._native_batch_norm_legit.no_stats", "aten.native_batch_norm.default"}
+_CONV_OPS = {"aten.convolution.default", "aten.conv2d.default", "aten.conv1d.default"}
+
+
+def weight_notes(program: ExportedProgram) -> dict[str, str]:
+    """Why XNNPACK may hold an entry's bytes differently: fused with BatchNorm, folded, unused.
+
+    Read off the decomposed graph, so the manifest's reasons come from the program, not guesses.
+    """
+    notes: dict[str, str] = unused_weight_notes(program)
+    for name, node in weight_placeholders(program).items():
+        users = list(node.users)
+        if not users:
+            continue
+        user_ops = {op_name(u) for u in users}
+        if user_ops & _BN_OPS:
+            notes[name] = ("BatchNorm parameter: XNNPACK folds it into the preceding convolution "
+                           "(FuseBatchNormWithConvPass), so its bytes are not stored")
+        elif user_ops & _CONV_OPS and any(
+            op_name(cu) in _BN_OPS or any(op_name(g) in _BN_OPS for g in cu.users)
+            for u in users for cu in u.users
+        ):
+            notes[name] = ("convolution parameter fused with the following BatchNorm by XNNPACK: "
+                           "stored values differ from the state_dict by design")
+    return notes
+
+
+def _xnnpack_partitioner():
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner()
+
+
+class XnnpackExporter:
+    target: ClassVar[str] = "xnnpack"
+    suffix: ClassVar[str] = ".pte"
+
+    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+        from executorch.exir.tracer import _default_decomposition_table
+
+        keep, _ = _xnnpack_partitioner().ops_to_not_decompose(program)
+        table = _default_decomposition_table()
+        for op in keep:
+            table.pop(op, None)
+        return program.run_decompositions(table)
+
+    def _diagnose(self, decomposed: ExportedProgram, exc: BaseException, stage: str) -> XnnpackLoweringError:
+        text = str(exc).strip().splitlines()
+        msg = text[0] if text else type(exc).__name__
+        culprit = None
+        text_all = str(exc)
+        for node in decomposed.graph.nodes:
+            if node.op == "call_function" and op_name(node) in text_all:
+                culprit = node
+                break
+        where = f" at {describe_node(culprit)}" if culprit is not None else ""
+        return XnnpackLoweringError(
+            f"ExecuTorch {stage} failed{where}: {type(exc).__name__}: {msg}",
+            target=self.target,
+            hint="the op may have no Edge/portable kernel; replace it in the model, or export "
+            "target='onnx' alone; see the chained exception",
+        )
+
+    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
+              options: ExportOptions) -> LoweredTarget:
+        from executorch.exir import to_edge_transform_and_lower
+
+        try:
+            edge = to_edge_transform_and_lower(decomposed, partitioner=[_xnnpack_partitioner()])
+        except Exception as exc:
+            raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
+        lowered = edge.exported_program()
+        delegation = DelegationReport.from_graph_module(lowered.graph_module)
+        try:
+            et = edge.to_executorch()
+        except Exception as exc:
+            raise self._diagnose(decomposed, exc, "serialization (to_executorch)") from exc
+        path = staging / f"{name}.pte"
+        with open(path, "wb") as f:
+            et.write_to_file(f)
+        kept = _kept_tensors(lowered)
+        ops = tuple(sorted({op_name(n) for n in lowered.graph.nodes if n.op == "call_function"}))
+        return LoweredTarget(
+            target=self.target, files=(path,), ops=ops, delegation=delegation,
+            weight_notes=weight_notes(decomposed),
+            details={"kept_tensors": kept},
+        )
+
+
+def _kept_tensors(lowered: ExportedProgram) -> dict[str, Any]:
+    """Tensors the lowered (post-delegation) program still holds, by name; for invariant 2."""
+    out: dict[str, Any] = {}
+    for source in (lowered.state_dict, lowered.constants):
+        for key, value in source.items():
+            if isinstance(value, torch.Tensor):
+                out[key] = value
+    return out

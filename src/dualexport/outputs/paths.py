@@ -1,0 +1,51 @@
+"""Checks on names and paths: nothing is written or read outside the output folder."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from ..errors import ArtifactIOError, InputError
+
+__all__ = ["check_name", "prepare_out_dir", "safe_child"]
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not name or name in {".", ".."} or "/" in name or "\\" in name \
+            or os.sep in name or "\x00" in name or name.startswith("."):
+        raise InputError(
+            f"name {name!r} is not a plain file name",
+            hint="use a name without path separators or a leading dot, e.g. name='resnet18'",
+        )
+    return name
+
+
+def prepare_out_dir(out_dir: str | os.PathLike) -> pathlib.Path:
+    path = pathlib.Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"out_dir {str(path)!r} exists and is not a directory",
+                         hint="choose a folder path for out_dir")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create out_dir {str(path)!r}: {exc.strerror}",
+                         hint="choose a writable folder") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"out_dir {str(path)!r} is not writable", hint="choose a writable folder")
+    return path.resolve()
+
+
+def safe_child(folder: pathlib.Path, location: str, *, what: str) -> pathlib.Path:
+    """Resolve a file name recorded inside an artifact; refuse anything that leaves ``folder``."""
+    if not location or os.path.isabs(location) or pathlib.PurePath(location).name != location \
+            or location in {".", ".."}:
+        raise ArtifactIOError(
+            f"{what} refers to {location!r}, which is not a plain file name in the artifact's folder",
+            hint="re-export the artifact; never load files that point outside their folder",
+        )
+    folder = folder.resolve()
+    path = folder / location
+    if path.is_symlink() and not path.resolve().is_relative_to(folder):
+        raise ArtifactIOError(f"{what} {location!r} is a symlink that leaves the artifact's folder",
+                              hint="replace the symlink with the real file")
+    return path

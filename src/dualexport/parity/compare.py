@@ -1,0 +1,110 @@
+"""Run eager, ONNX Runtime and ExecuTorch on the same inputs and measure how far they are apart."""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from .._versions import library_versions
+from ..errors import DualExportError, ParityError
+from ..runtimes import open_runner
+from ..runtimes.eager import EagerRunner, flatten_inputs
+from .metrics import compute_metrics
+from .report import OutputParity, ParityReport
+from .tolerances import tolerance_for
+
+__all__ = ["run_parity", "InputSet", "error_histogram"]
+
+logger = logging.getLogger(__name__)
+
+InputSet = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+def error_histogram(actual: torch.Tensor, reference: torch.Tensor, bins: int = 24) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Histogram of log10(|actual - reference|) over finite elements; exact zeros go to the
+    first bin (edge -12), so a perfect match is one tall bar on the left."""
+    if actual.shape != reference.shape or actual.numel() == 0:
+        return ((), ())
+    d = (actual.double() - reference.double()).abs().reshape(-1)
+    d = d[torch.isfinite(d)]
+    logd = torch.log10(d.clamp_min(1e-12))
+    lo, hi = -12.0, max(0.0, float(logd.max()) if logd.numel() else 0.0)
+    counts = torch.histc(logd, bins=bins, min=lo, max=hi)
+    step = (hi - lo) / bins
+    edges = tuple(round(lo + i * step, 4) for i in range(bins + 1))
+    return edges, tuple(int(c) for c in counts)
+
+
+def run_parity(
+    program: ExportedProgram,
+    artifacts: Mapping[str, pathlib.Path],
+    input_sets: Sequence[InputSet],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    steps: int = 1,
+    tolerance_overrides: Mapping[int, tuple[float, float]] | None = None,
+) -> ParityReport:
+    """Every (input set, step, output) compared for every runtime against eager, and runtime vs
+    runtime. A stateful program is run ``steps`` times from a fresh state for each input set."""
+    if steps < 1:
+        raise ParityError(f"steps must be >= 1, got {steps}")
+    runtimes = tuple(artifacts)
+    outputs: list[OutputParity] = []
+    errors: dict[str, str] = {}
+    for set_label, args, kwargs in input_sets:
+        flat = flatten_inputs(program, args, kwargs)
+        eager = EagerRunner(program, args, kwargs)
+        runners: dict[str, Any] = {}
+        for rt, path in artifacts.items():
+            if rt in errors:
+                continue
+            try:
+                runners[rt] = open_runner(rt, pathlib.Path(path))
+            except DualExportError as exc:
+                errors[rt] = str(exc)
+        for step in range(steps):
+            ref = eager.run(flat)
+            got: dict[str, list[torch.Tensor]] = {}
+            for rt, runner in runners.items():
+                if rt in errors:
+                    continue
+                try:
+                    got[rt] = runner.run(flat)
+                except DualExportError as exc:
+                    errors[rt] = str(exc)
+                    continue
+                if len(got[rt]) != len(ref):
+                    errors[rt] = (f"{rt} returned {len(got[rt])} outputs, eager returned {len(ref)}")
+                    del got[rt]
+            for i, r in enumerate(ref):
+                label = f"{set_label}" + (f"/step{step}" if steps > 1 else "") + f"/out{i}"
+                metrics, tols, hists = {}, {}, {}
+                for rt, outs in got.items():
+                    o_rtol, o_atol = (tolerance_overrides or {}).get(i, (rtol, atol))
+                    tol = tolerance_for(rt, r.dtype, rtol=o_rtol, atol=o_atol)
+                    a = outs[i]
+                    if a.dtype != r.dtype and r.dtype.is_floating_point is False:
+                        a = a.to(r.dtype)
+                    metrics[rt] = compute_metrics(a, r, rtol=tol.rtol, atol=tol.atol)
+                    tols[rt] = tol
+                    if r.dtype.is_floating_point:
+                        hists[rt] = error_histogram(a, r)
+                cross = None
+                if len(got) == 2:
+                    a, b = (got[rt][i] for rt in got)
+                    tol = tolerance_for("cross", r.dtype, rtol=rtol, atol=atol)
+                    cross = compute_metrics(a, b.to(a.dtype), rtol=tol.rtol, atol=tol.atol)
+                outputs.append(OutputParity(i, label, tuple(r.shape), str(r.dtype).replace("torch.", ""),
+                                            metrics, tols, cross, hists))
+    first = {rt: None for rt in runtimes}
+    return ParityReport(tuple(outputs), runtimes, first, {}, tuple(s[0] for s in input_sets), steps,
+                        library_versions(), errors)
+
+

@@ -1,0 +1,22 @@
+"""Run an artifact from disk (ORT, ExecuTorch) or the eager reference, on flat tensor lists."""
+
+from __future__ import annotations
+
+import pathlib
+
+from .base import Runner
+
+__all__ = ["Runner", "open_runner"]
+
+
+def open_runner(target: str, path: pathlib.Path) -> Runner:
+    """Load the artifact for ``target``; imports only that runtime."""
+    if target == "onnx":
+        from .ort import OrtRunner
+
+        return OrtRunner(path)
+    if target == "xnnpack":
+        from .executorch import ExecuTorchRunner
+
+        return ExecuTorchRunner(path)
+    raise ValueError(f"no runtime for target {target!r}")

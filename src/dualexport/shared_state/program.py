@@ -1,0 +1,257 @@
+"""SharedProgram: the one ExportedProgram every target is fed from, and its one state_dict."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from ..errors import CaptureError, DecompositionError, InputError, ProgramMutatedError, TransformError
+from .fingerprint import (
+    ProgramFingerprint,
+    fingerprint,
+    graph_digest,
+    restore_shape_env,
+    snapshot_shape_env,
+    weight_digests,
+)
+from .links import LinkReport, link_state_dict
+from .transforms import TransformRecord, run_transform, transform_kind, transform_name
+
+__all__ = ["SharedProgram"]
+
+logger = logging.getLogger(__name__)
+
+
+def _first_line_of_user_code(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class SharedProgram:
+    """Holds the single source of truth: one ExportedProgram, one state_dict.
+
+    Each target's decomposed program is produced here and linked back to the holder's dict, so
+    ``decomposed[t].state_dict is self.state_dict``; ``guard`` proves a target left the program
+    as it found it.
+    """
+
+    def __init__(
+        self,
+        exported_program: ExportedProgram,
+        *,
+        example_args: tuple[Any, ...] = (),
+        example_kwargs: Mapping[str, Any] | None = None,
+        capture_seconds: float = 0.0,
+        notes: Sequence[str] = (),
+    ) -> None:
+        self._ep = exported_program
+        self._decomposed: dict[str, ExportedProgram] = {}
+        self._links: dict[str, LinkReport] = {}
+        self._transforms: list[TransformRecord] = []
+        self._notes: list[str] = list(notes)
+        self.example_args = tuple(example_args)
+        self.example_kwargs = dict(example_kwargs or {})
+        self.capture_seconds = capture_seconds
+        self._weights: dict[str, str] | None = None
+
+    # ------------------------------------------------------------------ capture
+    @classmethod
+    def capture(
+        cls,
+        model: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any] | None = None,
+        dynamic_shapes: Any = None,
+        *,
+        strict: bool = False,
+    ) -> SharedProgram:
+        """Trace ``model`` once with torch.export, in eval mode (its mode is restored after)."""
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(
+                f"model must be a torch.nn.Module, got {type(model).__name__}",
+                hint="wrap functions in an nn.Module whose forward calls them",
+            )
+        notes: list[str] = []
+        modes = {name: m.training for name, m in model.named_modules()}
+        if any(modes.values()):
+            notes.append("model was in training mode: exported in eval mode (dropout off, "
+                         "BatchNorm uses running stats); its mode was restored afterwards")
+            logger.warning("%s", notes[-1])
+        model.eval()
+        start = time.perf_counter()
+        try:
+            ep = torch.export.export(
+                model, tuple(args), dict(kwargs) if kwargs else None,
+                dynamic_shapes=dynamic_shapes, strict=strict,
+            )
+        except Exception as exc:
+            raise CaptureError(
+                f"torch.export could not trace {type(model).__name__}: {_first_line_of_user_code(exc)}",
+                hint="make forward traceable (no data-dependent Python control flow, no .item() "
+                "on traced values) or mark dynamic dims with torch.export.Dim; "
+                "see the chained exception for the traceback",
+            ) from exc
+        finally:
+            for name, m in model.named_modules():
+                m.train(modes.get(name, False))
+        return cls(ep, example_args=tuple(args), example_kwargs=kwargs,
+                   capture_seconds=time.perf_counter() - start, notes=notes)
+
+    # --------------------------------------------------------------- the holder
+    @property
+    def exported_program(self) -> ExportedProgram:
+        return self._ep
+
+    @property
+    def state_dict(self) -> dict[str, Any]:
+        """The one dict: ``is self.exported_program.state_dict``."""
+        return self._ep.state_dict
+
+    @property
+    def constants(self) -> dict[str, Any]:
+        return self._ep.constants
+
+    @property
+    def decomposed(self) -> Mapping[str, ExportedProgram]:
+        return MappingProxyType(self._decomposed)
+
+    @property
+    def links(self) -> Mapping[str, LinkReport]:
+        return MappingProxyType(self._links)
+
+    @property
+    def transforms(self) -> tuple[TransformRecord, ...]:
+        return tuple(self._transforms)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self._notes)
+
+    def note(self, text: str) -> None:
+        self._notes.append(text)
+
+    # --------------------------------------------------------------- transforms
+    def apply_transforms(self, transforms: Sequence[Callable[..., Any]]) -> tuple[TransformRecord, ...]:
+        """Apply user transforms to the shared program itself, in order (invariant 3)."""
+        if self._decomposed:
+            raise TransformError(
+                "transforms must run before any target is decomposed",
+                hint="pass all transforms to dx.export(transforms=...)",
+            )
+        records = []
+        for fn in transforms:
+            name, kind = transform_name(fn), transform_kind(fn)
+            before = graph_digest(self._ep)
+            holder_sd, holder_consts = self._ep.state_dict, self._ep.constants
+            start = time.perf_counter()
+            try:
+                new_ep = run_transform(self._ep, fn)
+            except TransformError:
+                raise
+            except Exception as exc:
+                raise TransformError(
+                    f"transform {name} raised {type(exc).__name__}: {exc}",
+                    hint="run the transform on a copy of res.program.exported_program to debug it",
+                ) from exc
+            if new_ep is not self._ep:
+                # A program transform made a new program: keep the one dict when weights are the
+                # same objects, exactly as for decompositions.
+                tmp_holder = _DictHolder(holder_sd, holder_consts)
+                report = link_state_dict(new_ep, tmp_holder)  # type: ignore[arg-type]
+                if not report.linked:
+                    self.note(f"transform {name} changed weights: "
+                              + ", ".join(f"{k} ({why})" for k, why in report.changes))
+                self._ep = new_ep
+            rec = TransformRecord(name, kind, graph_digest(self._ep) != before,
+                                  time.perf_counter() - start)
+            records.append(rec)
+            logger.info("transform %s (%s): %s", name, kind, "changed the graph" if rec.changed
+                        else "left the graph unchanged")
+        self._transforms.extend(records)
+        self._weights = None
+        return tuple(records)
+
+    # ----------------------------------------------------------- decompositions
+    def decompose(self, target: str, fn: Callable[[ExportedProgram], ExportedProgram]) -> ExportedProgram:
+        """Run a target's decomposition on the shared program and link its state_dict back."""
+        try:
+            dec = fn(self._ep)
+        except Exception as exc:
+            raise DecompositionError(
+                f"decomposition for {target} failed: {type(exc).__name__}: {_first_line_of_user_code(exc)}",
+                target=target,
+                hint="an op in the model has no decomposition for this target; see the chained "
+                "exception for the op, or export the other target alone",
+            ) from exc
+        report = link_state_dict(dec, self._ep)
+        if not report.linked:
+            logger.warning("%s decomposition changed the weights: %s", target, report.changes)
+        self._decomposed[target] = dec
+        self._links[target] = report
+        return dec
+
+    # -------------------------------------------------------------- fingerprint
+    def weight_digests(self) -> dict[str, str]:
+        """sha256 of every weight, computed once after the transforms (the baseline)."""
+        if self._weights is None:
+            self._weights = weight_digests(self._ep)
+        return dict(self._weights)
+
+    def fingerprint(self, *, rehash: bool = True) -> ProgramFingerprint:
+        return fingerprint(self._ep, None if rehash else self.weight_digests())
+
+    @contextlib.contextmanager
+    def guard(self, target: str) -> Iterator[None]:
+        """Prove that work for ``target`` left the shared program unchanged (invariant 4).
+
+        A change confined to the shape environment is repaired from a snapshot; a change to the
+        graph or to weights cannot be undone without a copy we refuse to keep, so it is an error.
+        """
+        before = self.fingerprint(rehash=False)
+        shapes = snapshot_shape_env(self._ep)
+        range_constraints = dict(self._ep.range_constraints)
+        try:
+            yield
+        finally:
+            after = self.fingerprint(rehash=True)
+            changed = before.diff(after)
+            if changed == ("symbolic shape ranges",):
+                restore_shape_env(self._ep, shapes)
+                self._ep._range_constraints = range_constraints  # noqa: SLF001
+                repaired = self.fingerprint(rehash=False)
+                if repaired.diff(before):
+                    raise ProgramMutatedError(
+                        f"{target} changed the shared program's shape ranges and they could not "
+                        "be restored", target=target)
+                self.note(f"{target}: lowering changed the shape environment; restored")
+                logger.warning("%s changed the shape environment of the shared program; repaired", target)
+            elif changed:
+                raise ProgramMutatedError(
+                    f"{target} changed the shared program: {', '.join(changed)}",
+                    target=target,
+                )
+
+    # ------------------------------------------------------------------ running
+    def run_eager(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the shared program eagerly (the reference every runtime is compared with)."""
+        with torch.no_grad():
+            return self._ep.module()(*args, **kwargs)
+
+    def save(self, path: str) -> None:
+        """torch.export.save: loadable later without pickle by torch.export.load."""
+        torch.export.save(self._ep, path)
+
+
+class _DictHolder:
+    """Minimal stand-in so link_state_dict can link against dicts a transform started from."""
+
+    def __init__(self, state_dict: dict, constants: dict) -> None:
+        self.state_dict = state_dict
+        self.constants = constants

@@ -1,0 +1,132 @@
+"""Read the weights an artifact carries, from the file on disk.
+
+Why from disk: the manifest and ``verify_weights`` must prove what a deployment will load, not
+what the exporter held in memory. ONNX initializers are read by name (inline or external data,
+whose locations must stay inside the artifact's folder); a ``.pte`` is read with ExecuTorch's own
+deserializer: XNNPACK's named data is keyed by the sha256 of the bytes it stored, and
+non-delegated constants sit in the program's constant buffer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from dataclasses import dataclass, field
+
+from ..errors import ArtifactIOError
+from ..outputs.paths import safe_child
+
+__all__ = ["OnnxTensors", "PteTensors", "read_onnx", "read_pte"]
+
+
+@dataclass(frozen=True)
+class OnnxTensors:
+    """sha256 and size of each initializer by name, and where its bytes are."""
+
+    sha256: dict[str, str]
+    nbytes: dict[str, int]
+    where: dict[str, str]
+
+
+@dataclass
+class PteTensors:
+    """Named data (key -> bytes) and constant buffers of a .pte, with lazy prefix digests."""
+
+    named: dict[str, bytes]
+    constant_buffers: list[bytes]
+    _prefix_cache: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
+
+    def named_ok(self, key: str) -> bool:
+        """The named blob exists and its bytes still hash to its key (XNNPACK's keying rule)."""
+        blob = self.named.get(key)
+        return blob is not None and hashlib.sha256(blob).hexdigest() == key
+
+    def constant_sha(self, index: int, nbytes: int) -> str | None:
+        """sha256 of the first ``nbytes`` of constant buffer ``index`` (buffers are padded)."""
+        if index >= len(self.constant_buffers) or len(self.constant_buffers[index]) < nbytes:
+            return None
+        key = (index, nbytes)
+        if key not in self._prefix_cache:
+            self._prefix_cache[key] = hashlib.sha256(self.constant_buffers[index][:nbytes]).hexdigest()
+        return self._prefix_cache[key]
+
+    def find_constant(self, sha: str, nbytes: int) -> int | None:
+        for i, buf in enumerate(self.constant_buffers):
+            if len(buf) >= nbytes and (nbytes or len(buf) == 0) and self.constant_sha(i, nbytes) == sha:
+                return i
+        return None
+
+
+def read_onnx(path: pathlib.Path) -> OnnxTensors:
+    import onnx
+    from onnx import numpy_helper
+
+    path = pathlib.Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ArtifactIOError(f"{path.name} is not a readable ONNX model: {exc}",
+                              hint="re-export; the file may be truncated or not an ONNX file") from exc
+    sha: dict[str, str] = {}
+    nbytes: dict[str, int] = {}
+    where: dict[str, str] = {}
+    handles: dict[pathlib.Path, object] = {}
+    try:
+        for init in model.graph.initializer:
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in init.external_data}
+                loc = safe_child(path.parent, info.get("location", ""),
+                                 what=f"external data of initializer {init.name!r}")
+                offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
+                if loc not in handles:
+                    try:
+                        handles[loc] = open(loc, "rb")  # noqa: SIM115 - closed below
+                    except OSError as exc:
+                        raise ArtifactIOError(
+                            f"external data file {loc.name!r} of {path.name} cannot be read: {exc.strerror}",
+                            hint="keep the .onnx.data file next to the .onnx file") from exc
+                f = handles[loc]
+                f.seek(offset)  # type: ignore[attr-defined]
+                h = hashlib.sha256()
+                remaining = length
+                while remaining != 0:
+                    chunk = f.read(min(1 << 24, remaining) if remaining > 0 else 1 << 24)  # type: ignore[attr-defined]
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    remaining -= len(chunk)
+                if remaining > 0:
+                    raise ArtifactIOError(
+                        f"external data for {init.name!r} is truncated in {loc.name}",
+                        hint="re-export; the data file is incomplete")
+                sha[init.name] = h.hexdigest()
+                nbytes[init.name] = length if length >= 0 else 0
+                where[init.name] = f"{loc.name}@{offset}"
+            else:
+                data = init.raw_data if init.HasField("raw_data") else numpy_helper.to_array(init).tobytes()
+                sha[init.name] = hashlib.sha256(data).hexdigest()
+                nbytes[init.name] = len(data)
+                where[init.name] = path.name
+    finally:
+        for f in handles.values():
+            f.close()  # type: ignore[attr-defined]
+    return OnnxTensors(sha, nbytes, where)
+
+
+def read_pte(path: pathlib.Path) -> PteTensors:
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    path = pathlib.Path(path)
+    try:
+        data = path.read_bytes()
+        pte = deserialize_pte_binary(data)
+    except Exception as exc:
+        raise ArtifactIOError(f"{path.name} is not a readable ExecuTorch program: {exc}",
+                              hint="re-export; the file may be truncated or not a .pte file") from exc
+    named: dict[str, bytes] = {}
+    nd = pte.named_data
+    if nd is not None:
+        for key, entry in nd.pte_data.items():
+            named[key] = bytes(nd.buffers[entry.buffer_index])
+    constants = [bytes(b.storage) for b in pte.program.constant_buffer]
+    return PteTensors(named=named, constant_buffers=constants)
