@@ -27,6 +27,8 @@ from .errors import (
 )
 from .exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter, normalize_targets
 from .outputs import atomic_write_text, check_name, commit_files, prepare_out_dir, staging_dir
+from .outputs.lock import export_lock
+from .validation import validate_export_request
 from .parity.compare import run_parity
 from .parity.report import ParityReport
 from .shared_state import SharedProgram
@@ -72,17 +74,6 @@ class ExportResult:
         """Re-read every artifact from disk; raise WeightMismatchError naming each entry that a
         file or the holder no longer matches."""
         return verify_manifest(self.manifest, self.out_dir, holder_tensors(self.program.exported_program))
-
-
-def _check_args(model: Any, args: Any, kwargs: Any) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                         hint="pass the module instance, e.g. dx.export(MyNet(), (x,))")
-    if not isinstance(args, tuple):
-        raise InputError(f"args must be a tuple of example inputs, got {type(args).__name__}",
-                         hint="wrap a single tensor as (x,)")
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise InputError(f"kwargs must be a dict, got {type(kwargs).__name__}")
 
 
 def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, name: str,
@@ -172,17 +163,29 @@ def export(
     ``strict=True``, which raises the first target error.
     """
     targets = normalize_targets(target)
-    _check_args(model, args, kwargs)
+    validate_export_request(model, args, kwargs, quantize=quantize, calibration=calibration)
     name = check_name(name)
-    if quantize is not None:
-        raise InputError(f"quantize={quantize!r} is not supported yet",
-                         hint="export without quantize; int8 (PT2E) support is tracked in the coverage issue")
     out = prepare_out_dir(out_dir)
-    options = options or ExportOptions()
+    with export_lock(out, name):
+        return _export_locked(model, args, kwargs, targets=targets, out=out, name=name,
+                              dynamic_shapes=dynamic_shapes, transforms=transforms,
+                              quantize=quantize, calibration=calibration, strict=strict,
+                              options=options or ExportOptions())
+
+
+def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, *,
+                   targets: tuple[str, ...], out: pathlib.Path, name: str, dynamic_shapes: Any,
+                   transforms: Sequence[Callable[..., Any]], quantize: str | None,
+                   calibration: Iterable[tuple[Any, ...]] | None, strict: bool,
+                   options: ExportOptions) -> ExportResult:
     t0 = time.perf_counter()
     shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
     if transforms:
         shared.apply_transforms(transforms)
+    if quantize is not None:
+        from .shared_state.quantize import quantize_shared
+
+        quantize_shared(shared, quantize, calibration)
     shared.weight_digests()
     seconds: dict[str, float] = {"capture": shared.capture_seconds}
     artifacts: dict[str, Artifact] = {}
