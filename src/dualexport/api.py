@@ -95,9 +95,15 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
             _smoke_run(shared, target, lowered.files[0])
             files = commit_files(lowered.files, out_dir)
     seconds = time.perf_counter() - start
+    holder_ids = {id(t) for t in holder_tensors(shared.exported_program).values()}
+    kept = lowered.details.get("kept_tensors", {})
+    not_shared = sorted(k for k, v in kept.items() if id(v) not in holder_ids)
+    if not_shared:
+        logger.warning("%s keeps tensors that are not the holder's objects: %s", target, not_shared)
     art = Artifact(target=target, path=files[0], files=files, ops=lowered.ops, seconds=seconds,
                    delegation=lowered.delegation,
-                   details={k: v for k, v in lowered.details.items() if k != "kept_tensors"})
+                   details={**{k: v for k, v in lowered.details.items() if k != "kept_tensors"},
+                            "kept_tensors": len(kept), "kept_not_shared": tuple(not_shared)})
     return art, lowered
 
 

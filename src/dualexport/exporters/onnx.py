@@ -99,6 +99,8 @@ class OnnxExporter:
         except Exception as exc:
             raise self._diagnose(decomposed, exc) from exc
         model = onnx_program.model
+        kept = {k: v.const_value.raw for k, v in model.graph.initializers.items()
+                if isinstance(getattr(v.const_value, "raw", None), torch.Tensor)}
         if options.onnx_opset is not None:
             from onnxscript import version_converter
 
@@ -128,5 +130,6 @@ class OnnxExporter:
                             for n in model.graph}))
         return LoweredTarget(target=self.target, files=tuple(files), ops=ops,
                              weight_notes=unused_weight_notes(decomposed),
-                             details={"op_list": [n.op_type for n in model.graph],
+                             details={"kept_tensors": kept,
+                                      "op_list": [n.op_type for n in model.graph],
                                       "opset": model.opset_imports.get("", None)})
