@@ -260,4 +260,5 @@ def compare(res: ExportResult, inputs: Iterable[Any] | None = None, *, rtol: flo
     if not paths:
         raise InputError("no artifact to compare: every target failed",
                          hint="look at res.errors for why each target failed")
-    return run_parity(shared.exported_program, paths, sets, rtol=rtol, atol=atol, steps=steps)
+    return run_parity(shared.exported_program, paths, sets, rtol=rtol, atol=atol, steps=steps,
+                      decomposed=shared.decomposed)

@@ -8,6 +8,9 @@ user's model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 __all__ = [
     "DualExportError",
     "UserError",
@@ -24,6 +27,11 @@ __all__ = [
     "ParityError",
     "WeightMismatchError",
     "ArtifactIOError",
+    "ArtifactFormatError",
+    "UnsafeArtifactError",
+    "ExportLockedError",
+    "DiskSpaceError",
+    "DelegationError",
     "ProgramMutatedError",
 ]
 
@@ -37,16 +45,35 @@ class DualExportError(Exception):
 
     phase: str = "dualexport"
 
-    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None,
+                 node: Any = None):
+        if node is not None:
+            message = f"{message} at {_describe(node)}"
         self.message = message
         self.target = target
         self.hint = hint
+        self.node = getattr(node, "name", node)
         text = message
         if target is not None and not message.startswith(f"[{target}]"):
             text = f"[{target}] {text}"
         if hint:
             text = f"{text}\nWhat to try: {hint}"
         super().__init__(text)
+
+    @property
+    def internal(self) -> bool:
+        """True when dualexport (or a library it drives) is at fault, not the user's input."""
+        return isinstance(self, InternalError)
+
+
+def _describe(node: Any) -> str:
+    """'op X at node 'n' (model line: ...)' for an fx node; ``str(node)`` for anything else."""
+    try:
+        from .shared_state.nodes import describe_node
+
+        return describe_node(node)
+    except Exception:  # a plain string, or a node without meta: name it as given
+        return repr(getattr(node, "name", node))
 
 
 class UserError(DualExportError):
@@ -56,11 +83,13 @@ class UserError(DualExportError):
 class InternalError(DualExportError):
     """A bug in dualexport or in a library it drives; the message says so."""
 
-    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None,
+                 node: Any = None):
         super().__init__(
             f"internal error (a bug in dualexport or the library it drives, not in your input): {message}",
             target=target,
             hint=hint or "report it with the model and the command that raised it",
+            node=node,
         )
 
 
@@ -102,6 +131,18 @@ class XnnpackLoweringError(LoweringError):
     """ExecuTorch could not lower, delegate or serialize the program."""
 
 
+class DelegationError(XnnpackLoweringError):
+    """``require_full_delegation=True`` and some ops stayed outside the XNNPACK delegate.
+
+    ``ops`` names each op that was not delegated, so a caller can act on it without parsing text.
+    """
+
+    def __init__(self, message: str, *, ops: Sequence[str] = (), target: str | None = "xnnpack",
+                 hint: str | None = None, node: Any = None):
+        self.ops = tuple(ops)
+        super().__init__(message, target=target, hint=hint, node=node)
+
+
 class RuntimeLoadError(DualExportError):
     """An artifact on disk could not be loaded by its runtime (ORT, ExecuTorch)."""
 
@@ -135,6 +176,28 @@ class ArtifactIOError(UserError):
     """Reading or writing files failed: unwritable folder, truncated or foreign artifact, escape."""
 
     phase = "io"
+
+
+class ArtifactFormatError(ArtifactIOError):
+    """A file is truncated, or is not the kind of artifact its name says (foreign bytes)."""
+
+
+class UnsafeArtifactError(ArtifactIOError):
+    """An artifact asks to read outside its folder, or to unpickle code: refused, never loaded."""
+
+
+class ExportLockedError(ArtifactIOError):
+    """Another export holds the lock for the same ``out_dir``/``name``."""
+
+
+class DiskSpaceError(ArtifactIOError):
+    """The output folder's file system has less free space than the artifacts need."""
+
+    def __init__(self, message: str, *, need: int = 0, free: int = 0, target: str | None = None,
+                 hint: str | None = None):
+        self.need = need
+        self.free = free
+        super().__init__(message, target=target, hint=hint)
 
 
 class ProgramMutatedError(InternalError):

@@ -16,7 +16,7 @@ from ..errors import DualExportError, ParityError
 from ..runtimes import open_runner
 from ..runtimes.eager import EagerRunner, flatten_inputs
 from .metrics import compute_metrics
-from .report import OutputParity, ParityReport
+from .report import Divergence, OutputParity, ParityReport
 from .tolerances import tolerance_for
 
 __all__ = ["run_parity", "InputSet", "error_histogram"]
@@ -50,6 +50,8 @@ def run_parity(
     atol: float | None = None,
     steps: int = 1,
     tolerance_overrides: Mapping[int, tuple[float, float]] | None = None,
+    decomposed: Mapping[str, ExportedProgram] | None = None,
+    localize: bool = True,
 ) -> ParityReport:
     """Every (input set, step, output) compared for every runtime against eager, and runtime vs
     runtime. A stateful program is run ``steps`` times from a fresh state for each input set."""
@@ -58,6 +60,7 @@ def run_parity(
     runtimes = tuple(artifacts)
     outputs: list[OutputParity] = []
     errors: dict[str, str] = {}
+    failing: dict[str, list[torch.Tensor]] = {}  # runtime -> flat inputs of its first failing set
     for set_label, args, kwargs in input_sets:
         flat = flatten_inputs(program, args, kwargs)
         eager = EagerRunner(program, args, kwargs)
@@ -103,8 +106,39 @@ def run_parity(
                     cross = compute_metrics(a, b.to(a.dtype), rtol=tol.rtol, atol=tol.atol)
                 outputs.append(OutputParity(i, label, tuple(r.shape), str(r.dtype).replace("torch.", ""),
                                             metrics, tols, cross, hists))
-    first = {rt: None for rt in runtimes}
-    return ParityReport(tuple(outputs), runtimes, first, {}, tuple(s[0] for s in input_sets), steps,
-                        library_versions(), errors)
+                for rt, m in metrics.items():
+                    if not m.ok and rt not in failing and step == 0:
+                        failing[rt] = flat
+    divergences: dict[str, Divergence | None] = {rt: None for rt in runtimes}
+    if localize:
+        for rt, flat in failing.items():
+            try:
+                divergences[rt] = _localize(program, rt, pathlib.Path(artifacts[rt]), flat,
+                                            (decomposed or {}).get(rt), rtol=rtol, atol=atol)
+            except Exception as exc:  # localization is a diagnosis; never hide the parity result
+                logger.warning("could not localize the %s divergence: %s", rt, exc)
+                errors.setdefault(f"{rt}-localization", f"{type(exc).__name__}: {exc}")
+    first = {rt: (d.node if d is not None else None) for rt, d in divergences.items()}
+    return ParityReport(tuple(outputs), runtimes, first, divergences, tuple(s[0] for s in input_sets),
+                        steps, library_versions(), errors)
+
+
+def _localize(program: ExportedProgram, runtime: str, path: pathlib.Path, flat: list[torch.Tensor],
+              decomposed: ExportedProgram | None, *, rtol: float | None, atol: float | None) -> Divergence | None:
+    from ..exporters import get_exporter
+    from .localize import first_divergence, onnx_values, reference_values, shared_name_map, xnnpack_values
+
+    if decomposed is None:
+        decomposed = get_exporter(runtime).decompose(program)
+    reference = reference_values(program, flat)
+    shared_names = {n.name for n in program.graph.nodes}
+    if runtime == "onnx":
+        names = [n.name for n in decomposed.graph.nodes if n.op == "call_function"]
+        observed = onnx_values(path, names, flat)
+        name_map = shared_name_map(decomposed, shared_names)
+    else:
+        observed, tapped = xnnpack_values(decomposed, flat)
+        name_map = shared_name_map(tapped, shared_names)
+    return first_divergence(program, reference, runtime, observed, name_map, rtol=rtol, atol=atol)
 
 

@@ -24,7 +24,10 @@ def user_frame(node: torch.fx.Node) -> str | None:
     if not trace:
         return None
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-    for i in range(len(lines) - 1, -1, -1):
+    frames = [i for i, ln in enumerate(lines) if ln.startswith("File ")]
+    # Prefer the innermost frame outside torch itself: the user's line, not nn.Module internals.
+    user = [i for i in frames if "/torch/" not in lines[i] and "site-packages" not in lines[i]]
+    for i in (user[-1:] or frames[-1:]):
         if lines[i].startswith("File "):
             code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
             loc = lines[i].replace("File ", "", 1)

@@ -1,0 +1,162 @@
+"""Per-layer localization: the first node of the shared program whose value diverges in a runtime.
+
+Both artifacts come from one ExportedProgram, so values can be aligned by node name:
+- reference: every node of the *shared* program, evaluated eagerly (torch.fx Interpreter);
+- ONNX Runtime: the artifact *from disk*, with the values torch.onnx named after the FX nodes of
+  its decomposed program added as graph outputs (in memory; nothing is written), graph
+  optimizations off so fused values still exist;
+- ExecuTorch: a debug lowering of the XNNPACK decomposed program with every node tapped
+  (ExecuTorch's intermediate_output_tap: taps survive delegation), run in the runtime.
+Decomposed nodes are mapped back to shared nodes through their ``from_node`` provenance.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from ..shared_state.nodes import op_name, user_frame
+from .metrics import Metrics, compute_metrics
+from .report import Divergence
+from .tolerances import tolerance_for
+
+__all__ = ["reference_values", "onnx_values", "xnnpack_values", "first_divergence", "shared_name_map"]
+
+logger = logging.getLogger(__name__)
+
+
+def _program_args(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> list:
+    user = iter(flat_inputs)
+    out = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            out.append(next(user))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            out.append(program.state_dict[spec.target] if spec.target in program.state_dict
+                       else program.constants[spec.target])
+        else:
+            out.append(program.constants[spec.target])
+    return out
+
+
+def reference_values(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Value of every call_function node of ``program`` (tensor outputs only), in graph order."""
+    values: dict[str, torch.Tensor] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node):  # type: ignore[override]
+            result = super().run_node(n)
+            if n.op == "call_function" and isinstance(result, torch.Tensor):
+                values[n.name] = result.detach().clone()
+            return result
+
+    with torch.no_grad():
+        _Recorder(program.graph_module).run(*_program_args(program, flat_inputs))
+    return values
+
+
+def shared_name_map(program: ExportedProgram, shared_names: set[str]) -> dict[str, str]:
+    """Node of a derived program -> the shared program's node it came from (last one wins)."""
+    out: dict[str, str] = {}
+    for n in program.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.name in shared_names:
+            out[n.name] = n.name
+            continue
+        sources = list(n.meta.get("from_node") or [])
+        while sources:
+            src = sources[0]
+            if src.name in shared_names:
+                out[n.name] = src.name
+                break
+            sources = list(getattr(src, "from_node", None) or [])
+    return out
+
+
+def onnx_values(path: pathlib.Path, names: Sequence[str], flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(path), load_external_data=True)
+    produced = {o for node in model.graph.node for o in node.output}
+    existing = {o.name for o in model.graph.output}
+    wanted = [n for n in names if n in produced and n not in existing]
+    inferred = onnx.shape_inference.infer_shapes(model)
+    infos = {vi.name: vi for vi in inferred.graph.value_info}
+    for n in wanted:
+        model.graph.output.append(infos[n] if n in infos else onnx.helper.make_empty_tensor_value_info(n))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    feed = {i.name: np.ascontiguousarray(t.detach().numpy()) for i, t in zip(sess.get_inputs(), flat_inputs)}
+    out_names = [o.name for o in sess.get_outputs()]
+    results = sess.run(None, feed)
+    return {n: torch.from_numpy(np.asarray(r)) for n, r in zip(out_names, results) if n in set(names)}
+
+
+def xnnpack_values(decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], ExportedProgram]:
+    """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.devtools.intermediate_output_tap import (
+        FULL_TENSOR,
+        select_all_call_function,
+        strip_taps_,
+        tap_intermediate_outputs_,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    copy = decomposed.run_decompositions({})  # a new graph over the same tensors
+    base = select_all_call_function()
+
+    def tensor_nodes(n: torch.fx.Node) -> bool:
+        return base(n) and isinstance(n.meta.get("val"), torch.Tensor)
+
+    tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)],
+                                              error_on_empty=False)
+    edge = to_edge_transform_and_lower(tapped, partitioner=[XnnpackPartitioner()])
+    strip_taps_(edge)
+    buffer = edge.to_executorch().buffer
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    outs = method.execute([t.contiguous() for t in flat_inputs])
+    values = {s.node_name: outs[s.output_index] for s in specs if s.output_index < len(outs)
+              and isinstance(outs[s.output_index], torch.Tensor)}
+    return values, tapped
+
+
+def first_divergence(shared: ExportedProgram, reference: Mapping[str, torch.Tensor],
+                     runtime: str, observed: Mapping[str, torch.Tensor], name_map: Mapping[str, str],
+                     *, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
+    """Walk the shared program in order; the first node whose runtime value is out of tolerance."""
+    by_shared: dict[str, torch.Tensor] = {}
+    for derived, value in observed.items():
+        shared_name = name_map.get(derived)
+        ref = reference.get(shared_name) if shared_name else None
+        if ref is not None and tuple(value.shape) == tuple(ref.shape):
+            by_shared[shared_name] = value  # later derived nodes of one shared node overwrite
+    curve: list[tuple[str, float]] = []
+    first: tuple[torch.fx.Node, Metrics] | None = None
+    for node in shared.graph.nodes:
+        if node.name not in by_shared or node.name not in reference:
+            continue
+        ref = reference[node.name]
+        if not ref.dtype.is_floating_point:
+            continue
+        tol = tolerance_for(runtime, ref.dtype, rtol=rtol, atol=atol)
+        m = compute_metrics(by_shared[node.name].to(ref.dtype), ref, rtol=tol.rtol, atol=tol.atol)
+        curve.append((node.name, m.max_abs))
+        if first is None and not m.ok:
+            first = (node, m)
+    if first is None:
+        return None
+    node, m = first
+    return Divergence(runtime=runtime, node=node.name, op=op_name(node), source=user_frame(node),
+                      metrics=m, curve=tuple(curve))
