@@ -1,7 +1,9 @@
 """The ``dualexport`` command: export MODULE:ATTR to both targets, or re-check a folder.
 
 Exit codes (DESIGN.md): 0 all good, 1 a parity or weight check failed, 2 bad usage or input,
-3 a target failed to export.
+3 a target failed to export. With ``export --strict`` any target failure raises, nothing is
+committed, and the exit code is 3 (2 when the cause is the user's input). An unexpected exception
+is reported as an internal error with code 3 (``-v`` shows its traceback).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import DualExportError, InputError, UserError, WeightMismatchError
+from .errors import DualExportError, InputError, ParityError, UserError, WeightMismatchError
 
 __all__ = ["main", "parse_input_spec", "load_model"]
 
@@ -157,7 +159,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
         raise InputError("at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32")
     args = tuple(make_input(*parse_input_spec(s), seed=i) for i, s in enumerate(ns.input))
     with console.status(f"exporting {ns.model} to {ns.target} ..."):
-        res = api.export(model, args, target=ns.target, out_dir=ns.out, name=ns.name, strict=False)
+        res = api.export(model, args, target=ns.target, out_dir=ns.out, name=ns.name, strict=ns.strict)
     for t, art in res.artifacts.items():
         console.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
     for t, err in res.errors.items():
@@ -214,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="dualexport_out", help="output folder")
     e.add_argument("--name", default="model", help="file name stem of the artifacts")
     e.add_argument("--compare", action="store_true", help="run the parity check after export")
+    e.add_argument("--strict", action="store_true",
+                   help="fail (exit 3) when any target fails, and keep the previous artifacts")
     e.set_defaults(func=_cmd_export)
     c = sub.add_parser("compare", help="re-run the weight and parity checks on a folder")
     c.add_argument("dir")
@@ -239,8 +243,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         _console().print(f"[bold red]error[/]: {exc}")
         return EXIT_USAGE
+    except (WeightMismatchError, ParityError) as exc:
+        _console().print(f"[bold red]check failed[/]: {exc}")
+        return EXIT_CHECK_FAILED
     except DualExportError as exc:
         _console().print(f"[bold red]error[/]: {exc}")
+        return EXIT_TARGET_FAILED
+    except Exception as exc:  # not anticipated: say so plainly instead of a bare traceback
+        logging.getLogger(__name__).info("internal error", exc_info=True)
+        _console().print(f"[bold red]internal error[/] (a bug in dualexport or a library it drives, "
+                         f"not in your input): {type(exc).__name__}: {exc}\nWhat to try: rerun with -v "
+                         "and report the traceback")
         return EXIT_TARGET_FAILED
 
 

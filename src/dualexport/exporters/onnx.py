@@ -49,6 +49,36 @@ def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.
     return out
 
 
+def _make_state_explicit(program: ExportedProgram) -> None:
+    """Turn mutated buffers into explicit state: a graph input and an output per buffer.
+
+    Why: torch.onnx keeps a mutated buffer as a constant initializer and drops the update, so an
+    ONNX model of a stateful module silently forgets its state between calls. Editing the
+    decomposed (per-target) program's signature makes the buffer a user input and its new value
+    a user output; the shared program is not touched.
+    """
+    from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec
+
+    sig = program.graph_signature
+    mutated = {spec.target: spec for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
+    if not mutated:
+        program.meta_state = []  # type: ignore[attr-defined]
+        return
+    state = []
+    for i, spec in enumerate(sig.input_specs):
+        if spec.kind == InputKind.BUFFER and spec.target in mutated:
+            state.append({"buffer": spec.target, "input": spec.arg.name})
+            sig.input_specs[i] = InputSpec(kind=InputKind.USER_INPUT, arg=spec.arg, target=None,
+                                           persistent=None)
+    for i, spec in enumerate(sig.output_specs):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            for item in state:
+                if item["buffer"] == spec.target:
+                    item["output_index"] = i
+            sig.output_specs[i] = OutputSpec(kind=OutputKind.USER_OUTPUT, arg=spec.arg, target=None)
+    program.meta_state = state  # type: ignore[attr-defined]
+
+
 class OnnxExporter:
     target: ClassVar[str] = "onnx"
     suffix: ClassVar[str] = ".onnx"
@@ -65,7 +95,9 @@ class OnnxExporter:
     def decompose(self, program: ExportedProgram) -> ExportedProgram:
         from torch.onnx._internal.exporter import _core
 
-        return _core._prepare_exported_program_for_export(program, registry=self.registry)
+        dec = _core._prepare_exported_program_for_export(program, registry=self.registry)
+        _make_state_explicit(dec)
+        return dec
 
     def _diagnose(self, decomposed: ExportedProgram, exc: BaseException) -> OnnxLoweringError:
         missing = unsupported_nodes(decomposed, self.registry)
@@ -105,6 +137,19 @@ class OnnxExporter:
             from onnxscript import version_converter
 
             version_converter.convert_version(model, options.onnx_opset)
+        state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
+        for item in state:
+            # The state input defaults to the buffer's initial value (an initializer of the same
+            # name), so a first call may omit it; each call returns the updated state.
+            value = next(v for v in model.graph.inputs if v.name == item["input"])
+            value.const_value = ir.tensor(decomposed.state_dict.get(item["buffer"],
+                                                                  decomposed.constants.get(item["buffer"])).detach().clone().numpy(), name=item["input"])
+            model.graph.register_initializer(value)
+            item["output"] = model.graph.outputs[item["output_index"]].name
+        if state:
+            import json
+
+            model.metadata_props["dualexport.state"] = json.dumps(state)
         RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
 

@@ -97,8 +97,17 @@ class XnnpackExporter:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
         lowered = edge.exported_program()
         delegation = DelegationReport.from_graph_module(lowered.graph_module)
+        # ExecuTorch memory-plans mutable buffers and leaves them uninitialized unless told
+        # otherwise: a counter or cache that starts non-zero would silently start from garbage.
+        from executorch.exir import ExecutorchBackendConfig
+        from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+        sig = lowered.graph_signature
+        mutated = set(sig.buffers_to_mutate.values())
+        patterns = [ph for ph, buf in sig.inputs_to_buffers.items() if buf in mutated]
+        config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(patterns)] if patterns else [])
         try:
-            et = edge.to_executorch()
+            et = edge.to_executorch(config)
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "serialization (to_executorch)") from exc
         path = staging / f"{name}.pte"

@@ -1,29 +1,51 @@
-"""A lock per ``out_dir/name`` so two exports never write the same artifacts at once."""
+"""A lock per ``out_dir/name`` so two exports never write the same artifacts at once.
+
+Why flock: the kernel drops it when the holder dies (SIGKILL included), so a crashed export never
+leaves a stale lock behind and a rerun succeeds without manual cleanup. Readers (``compare DIR``)
+take it shared, so they never read a set while an export is committing it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import pathlib
 from collections.abc import Iterator
 
-from ..errors import ArtifactIOError
+from ..errors import ArtifactIOError, ExportLockedError
 
-__all__ = ["export_lock"]
+__all__ = ["export_lock", "lock_path"]
+
+
+def lock_path(out_dir: pathlib.Path, name: str) -> pathlib.Path:
+    return pathlib.Path(out_dir) / f".{name}.lock"
 
 
 @contextlib.contextmanager
-def export_lock(out_dir: pathlib.Path, name: str) -> Iterator[None]:
-    path = out_dir / f".{name}.lock"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+def export_lock(out_dir: pathlib.Path, name: str, *, shared: bool = False) -> Iterator[bool]:
+    """Hold the lock for ``name`` in ``out_dir``; raise ExportLockedError at once if it is taken.
+
+    ``shared=True`` is for readers; in a folder the reader may not write (a read-only deployment
+    copy) no export can run either, so the reader goes on unlocked and gets ``False``.
+    """
+    path = lock_path(out_dir, name)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR if not shared else os.O_CREAT | os.O_RDONLY, 0o644)
+    except OSError as exc:
+        if shared and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+            yield False
+            return
+        raise ArtifactIOError(f"cannot create the lock file {path.name} in {str(out_dir)!r}: {exc.strerror}",
+                              hint="choose a writable out_dir") from exc
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ArtifactIOError(
+            raise ExportLockedError(
                 f"another export is writing {name!r} in {str(out_dir)!r}",
                 hint="wait for it to finish, or export under another name or folder") from None
-        yield
+        yield True
     finally:
         os.close(fd)

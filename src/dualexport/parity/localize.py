@@ -36,9 +36,12 @@ def _program_args(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor])
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             out.append(next(user))
-        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            out.append(program.state_dict[spec.target] if spec.target in program.state_dict
-                       else program.constants[spec.target])
+        elif spec.kind == InputKind.PARAMETER:
+            out.append(program.state_dict[spec.target])
+        elif spec.kind == InputKind.BUFFER:
+            # a copy: the graph may update buffers in place, and the holder must not change
+            buf = program.state_dict.get(spec.target, program.constants.get(spec.target))
+            out.append(buf.clone())
         else:
             out.append(program.constants[spec.target])
     return out

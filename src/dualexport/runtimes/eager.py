@@ -26,13 +26,14 @@ class EagerRunner:
 
     def __init__(self, program: ExportedProgram, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
         self.module = program.module()
-        # The unlifted module holds the holder's tensors; a stateful forward would write into
-        # them. Give mutated buffers their own copies so the reference never changes the program.
-        for fqn in program.graph_signature.buffers_to_mutate.values():
+        # The unlifted module holds the holder's tensors, and torch.export's graph may update
+        # buffers in place (add_/copy_). Give every buffer its own copy so running the
+        # reference never changes the shared program.
+        for fqn, buf in list(self.module.named_buffers()):
             owner_name, _, leaf = fqn.rpartition(".")
             owner = self.module.get_submodule(owner_name) if owner_name else self.module
-            owner.register_buffer(leaf, getattr(owner, leaf).clone(),
-                                  persistent=leaf in dict(owner.named_buffers(recurse=False)))
+            persistent = leaf not in getattr(owner, "_non_persistent_buffers_set", set())
+            owner.register_buffer(leaf, buf.clone(), persistent=persistent)
         flat, self.in_spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
         self._template = flat
 

@@ -34,7 +34,16 @@ class OrtRunner:
                 target="onnx",
                 hint="check that the .onnx and its .onnx.data sit in the same folder and are complete",
             ) from exc
-        self.input_names = [i.name for i in self.session.get_inputs()]
+        import json
+
+        meta = self.session.get_modelmeta().custom_metadata_map
+        # Explicit state (mutated buffers), written by the exporter: fed back between calls.
+        self.state_spec = json.loads(meta.get("dualexport.state", "[]"))
+        self.state: dict[str, np.ndarray] = {}
+        state_inputs = {s["input"] for s in self.state_spec}
+        self.state_outputs = {s["output"]: s["input"] for s in self.state_spec}
+        self.all_inputs = [i.name for i in self.session.get_inputs()]
+        self.input_names = [n for n in self.all_inputs if n not in state_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -44,6 +53,7 @@ class OrtRunner:
                 target="onnx",
             )
         feed = {n: np.ascontiguousarray(t.detach().cpu().numpy()) for n, t in zip(self.input_names, inputs)}
+        feed.update(self.state)  # absent on the first call: the initializer default is used
         try:
             outs = self.session.run(None, feed)
         except Exception as exc:
@@ -51,4 +61,10 @@ class OrtRunner:
                 f"ONNX Runtime failed to run: {exc}", target="onnx",
                 hint="check input shapes against the exported dynamic_shapes ranges",
             ) from exc
-        return [torch.from_numpy(np.asarray(o)) for o in outs]
+        user = []
+        for name, o in zip(self.output_names, outs):
+            if name in self.state_outputs:
+                self.state[self.state_outputs[name]] = np.asarray(o)
+            else:
+                user.append(torch.from_numpy(np.asarray(o)))
+        return user

@@ -241,8 +241,11 @@ class SharedProgram:
     # ------------------------------------------------------------------ running
     def run_eager(self, *args: Any, **kwargs: Any) -> Any:
         """Run the shared program eagerly (the reference every runtime is compared with)."""
+        from ..runtimes.eager import EagerRunner
+
+        runner = EagerRunner(self._ep, args, kwargs)
         with torch.no_grad():
-            return self._ep.module()(*args, **kwargs)
+            return runner.module(*args, **kwargs)
 
     def save(self, path: str) -> None:
         """torch.export.save: loadable later without pickle by torch.export.load."""

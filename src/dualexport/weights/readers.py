@@ -13,10 +13,10 @@ import hashlib
 import pathlib
 from dataclasses import dataclass, field
 
-from ..errors import ArtifactIOError
+from ..errors import ArtifactFormatError, ArtifactIOError
 from ..outputs.paths import safe_child
 
-__all__ = ["OnnxTensors", "PteTensors", "read_onnx", "read_pte"]
+__all__ = ["OnnxTensors", "PteTensors", "read_onnx", "read_pte", "check_pte_header"]
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,11 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
     path = pathlib.Path(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
+        if not model.HasField("graph"):
+            raise ValueError("no graph in the file")
     except Exception as exc:
-        raise ArtifactIOError(f"{path.name} is not a readable ONNX model: {exc}",
-                              hint="re-export; the file may be truncated or not an ONNX file") from exc
+        raise ArtifactFormatError(f"{path.name} is not a readable ONNX model: {exc}",
+                                  hint="re-export; the file may be truncated or not an ONNX file") from exc
     sha: dict[str, str] = {}
     nbytes: dict[str, int] = {}
     where: dict[str, str] = {}
@@ -77,8 +79,12 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
                 info = {e.key: e.value for e in init.external_data}
                 loc = safe_child(path.parent, info.get("location", ""),
                                  what=f"external data of initializer {init.name!r}")
-                offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
+                offset, length = _extent(info, init.name, path)
                 if loc not in handles:
+                    if loc.exists() and not loc.is_file():
+                        raise ArtifactFormatError(
+                            f"external data {loc.name!r} of {path.name} is not a regular file",
+                            hint="keep the real .onnx.data file next to the .onnx file")
                     try:
                         handles[loc] = open(loc, "rb")  # noqa: SIM115 - closed below
                     except OSError as exc:
@@ -96,7 +102,7 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
                     h.update(chunk)
                     remaining -= len(chunk)
                 if remaining > 0:
-                    raise ArtifactIOError(
+                    raise ArtifactFormatError(
                         f"external data for {init.name!r} is truncated in {loc.name}",
                         hint="re-export; the data file is incomplete")
                 sha[init.name] = h.hexdigest()
@@ -113,20 +119,50 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
     return OnnxTensors(sha, nbytes, where)
 
 
+def _extent(info: dict[str, str], name: str, path: pathlib.Path) -> tuple[int, int]:
+    """(offset, length) of an external tensor; garbage or negative values are a foreign file."""
+    try:
+        offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
+    except ValueError:
+        offset = length = -2
+    if offset < 0 or length < -1:
+        raise ArtifactFormatError(f"external data of {name!r} in {path.name} has a bad offset/length "
+                                  f"({info.get('offset')!r}, {info.get('length')!r})",
+                                  hint="re-export; the file was not written by an ONNX exporter")
+    return offset, length
+
+
+def check_pte_header(path: pathlib.Path, data: bytes) -> None:
+    """A .pte is a flatbuffer whose file identifier (bytes 4..8) is 'ET' + two version digits;
+    anything else is refused before the deserializer (or the C++ runtime) parses it."""
+    ident = data[4:8]
+    if len(data) < 8 or ident[:2] != b"ET" or not ident[2:].isdigit():
+        raise ArtifactFormatError(
+            f"{path.name} is not an ExecuTorch program (file identifier {ident!r}, expected b'ETnn')",
+            hint="re-export; the file is truncated or is not a .pte file")
+
+
 def read_pte(path: pathlib.Path) -> PteTensors:
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     path = pathlib.Path(path)
     try:
         data = path.read_bytes()
+    except OSError as exc:
+        raise ArtifactIOError(f"cannot read {path.name}: {exc.strerror}",
+                              hint="re-export into the folder") from exc
+    check_pte_header(path, data)
+    try:
         pte = deserialize_pte_binary(data)
     except Exception as exc:
-        raise ArtifactIOError(f"{path.name} is not a readable ExecuTorch program: {exc}",
-                              hint="re-export; the file may be truncated or not a .pte file") from exc
+        raise ArtifactFormatError(f"{path.name} is not a readable ExecuTorch program: {exc}",
+                                  hint="re-export; the file may be truncated or not a .pte file") from exc
     named: dict[str, bytes] = {}
     nd = pte.named_data
     if nd is not None:
         for key, entry in nd.pte_data.items():
             named[key] = bytes(nd.buffers[entry.buffer_index])
     constants = [bytes(b.storage) for b in pte.program.constant_buffer]
+    # Mutable buffers (state) are stored with their initial values in the mutable segment.
+    constants += [bytes(b.storage) for b in (pte.mutable_data or [])]
     return PteTensors(named=named, constant_buffers=constants)
