@@ -294,18 +294,20 @@ def check_full_delegation(report: Any, program: Any = None) -> None:
     missing = [op for op, (_, nd) in report.by_op.items() if nd and op not in ("getitem", "alloc")]
     if not missing:
         return
-    node = None
+    node, dotted = None, {}
     if program is not None:
         from .shared_state.nodes import op_name
 
         for n in program.graph.nodes:
-            if n.op == "call_function" and op_name(n).replace(".", "_") in missing:
-                node = n
-                break
-    counts = ", ".join(f"{op} x{report.by_op[op][1]}" for op in missing)
+            key = op_name(n).replace(".", "_") if n.op == "call_function" else None
+            if key in missing:
+                dotted.setdefault(key, op_name(n))
+                node = node if node is not None else n
+    names = [dotted.get(op, op) for op in missing]
+    counts = ", ".join(f"{dotted.get(op, op)} x{report.by_op[op][1]}" for op in missing)
     raise DelegationError(
         f"require_full_delegation: {len(missing)} op(s) were not delegated to XNNPACK: {counts}"
-        + ("; the first" if node is not None else ""), ops=missing, node=node,
+        + ("; the first" if node is not None else ""), ops=names, node=node,
         hint="replace those ops in the model with ones XNNPACK supports, or pass "
         "require_full_delegation=False to accept portable kernels for them",
     )

@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterator, Sequence
 from ..errors import ArtifactIOError, DiskSpaceError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "staging_dir", "commit_files", "STAGING_PREFIX",
-           "remove_dead_leftovers", "io_error"]
+           "remove_dead_leftovers", "pending_staging", "io_error"]
 
 STAGING_PREFIX = ".dualexport-staging-"
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -153,3 +153,14 @@ def remove_dead_leftovers(out_dir: pathlib.Path, *, keep: Collection[str] = ()) 
                     os.unlink(entry.path)
             removed.append(entry.name)
     return removed
+
+
+def pending_staging(out_dir: pathlib.Path) -> set[str]:
+    """Staging folders that unfinished commit journals (any name) still need: never deleted."""
+    import json
+
+    keep: set[str] = set()
+    for j in pathlib.Path(out_dir).glob(".*.commit.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            keep.add(str(json.loads(j.read_text()).get("staging", "")))
+    return keep

@@ -25,7 +25,8 @@ import pathlib
 from collections.abc import Iterator
 
 from ..errors import ArtifactIOError, UnsafeArtifactError
-from .atomic import STAGING_PREFIX, _fsync_dir, atomic_write_text, io_error, remove_dead_leftovers, staging_dir
+from .atomic import (STAGING_PREFIX, _fsync_dir, atomic_write_text, io_error, pending_staging,
+                     remove_dead_leftovers, staging_dir)
 from .lock import export_lock
 from .paths import safe_child
 from .space import check_free_space
@@ -109,17 +110,8 @@ def recover(out_dir: pathlib.Path, name: str) -> bool:
         logger.warning("finishing the interrupted commit of %r in %s", name, out_dir)
         _roll_forward(out_dir, name, journal)
         rolled = True
-    remove_dead_leftovers(out_dir, keep=_pending_staging(out_dir))
+    remove_dead_leftovers(out_dir, keep=pending_staging(out_dir))
     return rolled
-
-
-def _pending_staging(out_dir: pathlib.Path) -> set[str]:
-    """Staging folders that other names' unfinished journals still need (never deleted here)."""
-    keep: set[str] = set()
-    for j in out_dir.glob(".*.commit.json"):
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            keep.add(str(json.loads(j.read_text()).get("staging", "")))
-    return keep
 
 
 class ArtifactSet:

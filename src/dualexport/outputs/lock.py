@@ -1,7 +1,8 @@
 """A lock per ``out_dir/name`` so two exports never write the same artifacts at once.
 
 Why flock: the kernel drops it when the holder dies (SIGKILL included), so a crashed export never
-leaves a stale lock behind and a rerun succeeds without manual cleanup. Readers (``compare DIR``)
+leaves a stale lock behind and a rerun succeeds without manual cleanup; the writer that takes it
+also deletes what killed runs left (temp files, staging folders). Readers (``compare DIR``)
 take it shared, so they never read a set while an export is committing it.
 """
 
@@ -15,6 +16,7 @@ import pathlib
 from collections.abc import Iterator
 
 from ..errors import ArtifactIOError, ExportLockedError
+from .atomic import pending_staging, remove_dead_leftovers
 
 __all__ = ["export_lock", "lock_path"]
 
@@ -46,6 +48,8 @@ def export_lock(out_dir: pathlib.Path, name: str, *, shared: bool = False) -> It
             raise ExportLockedError(
                 f"another export is writing {name!r} in {str(out_dir)!r}",
                 hint="wait for it to finish, or export under another name or folder") from None
+        if not shared:  # a killed run's temp files and staging folders go now
+            remove_dead_leftovers(out_dir, keep=pending_staging(out_dir))
         yield True
     finally:
         os.close(fd)
