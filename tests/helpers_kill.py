@@ -1,0 +1,93 @@
+"""Child process of the kill test: export, but stop inside one phase and wait to be killed.
+
+Usage: python helpers_kill.py OUT NAME SEED PHASE MARKER
+When the export reaches PHASE it writes MARKER (outside OUT) and sleeps; the parent then sends
+SIGKILL. Patching library seams here is fine: this script is the test's own process.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+logging.disable(logging.CRITICAL)
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+
+def main() -> None:
+    out, name, seed, phase, marker = sys.argv[1:6]
+    marker_path = pathlib.Path(marker)
+
+    def park() -> None:
+        marker_path.write_text(phase)
+        time.sleep(120)
+
+    import torch
+
+    import dualexport as dx
+    import dualexport.api as api
+    from dualexport.exporters.onnx import OnnxExporter
+    from dualexport.exporters.xnnpack import XnnpackExporter
+    from dualexport.outputs import commit
+
+    from helpers_reliability import tiny
+
+    model, args = tiny(int(seed))
+    transforms = []
+    if phase == "capture":
+        forward = model.forward
+
+        def slow_forward(x: torch.Tensor) -> torch.Tensor:
+            park()
+            return forward(x)
+
+        model.forward = slow_forward  # torch.export runs forward while tracing
+    elif phase == "transform":
+        transforms = [lambda gm: park()]
+    elif phase == "onnx":  # the .onnx is written into staging, not yet committed
+        orig_onnx = OnnxExporter.lower
+
+        def lower_onnx(self, *a, **k):
+            lowered = orig_onnx(self, *a, **k)
+            park()
+            return lowered
+
+        OnnxExporter.lower = lower_onnx
+    elif phase == "xnnpack":  # the ONNX target is done
+        orig_xnn = XnnpackExporter.lower
+
+        def lower_xnn(self, *a, **k):
+            park()
+            return orig_xnn(self, *a, **k)
+
+        XnnpackExporter.lower = lower_xnn
+    elif phase == "manifest":  # both targets are done, the manifest is next
+        orig_build = api.build_entries
+
+        def build_entries(*a, **k):
+            park()
+            return orig_build(*a, **k)
+
+        api.build_entries = build_entries
+    elif phase == "commit":  # between two renames of the set commit
+        orig_move = commit._move
+        moved = []
+
+        def move(src, dst):
+            orig_move(src, dst)
+            moved.append(dst)
+            if len(moved) == 2:
+                park()
+
+        commit._move = move
+    dx.export(model, args, out_dir=out, name=name, transforms=transforms)
+    marker_path.write_text("finished")
+
+
+if __name__ == "__main__":
+    main()
