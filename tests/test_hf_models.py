@@ -33,3 +33,19 @@ def test_hf_catalogue_covers_text_vision_audio() -> None:
     assert {"hf_wav2vec2", "hf_whisper_encoder"} & names  # audio
     assert {"hf_resnet"} & names  # a second vision model
     assert all(c.group == "hf" for c in HF_CASES)
+
+
+@pytest.mark.slow
+def test_coverage_table_matches_a_fresh_hf_run(hf_dir: pathlib.Path) -> None:
+    """The HF rows of docs/coverage.md (status, delegated/total nodes, subgraphs) are what this
+    session's run produced."""
+    from zoo.coverage import STABLE_COLUMNS, parse, rows_for
+
+    md = pathlib.Path(__file__).resolve().parents[1] / "docs" / "coverage.md"
+    rows = {(r.cells["case"], r.cells["target"]): r.stable() for r in parse(md.read_text())}
+    for case in HF_CASES:
+        for fresh in rows_for(case_run(case, hf_dir)):
+            key = (case.name, fresh.cells["target"])
+            assert rows.get(key) == fresh.stable(), (
+                f"{key}: docs/coverage.md {rows.get(key)}, this run {fresh.stable()} "
+                f"(columns {STABLE_COLUMNS}); regenerate with scripts/gen_coverage.py --hf")

@@ -13,6 +13,7 @@ import pathlib
 import pytest
 
 from zoo import TARGETS, ZOO, Case
+from zoo.coverage import STABLE_COLUMNS as _STABLE
 from zoo.testing import case_params, case_run, check_target
 
 
@@ -39,3 +40,43 @@ def test_catalogue_is_well_formed() -> None:
             # min, a middle value and max of each declared dim, beyond the example.
             assert len(c.all_input_sets()) >= 3, c.name
     assert sum(c.dynamic_shapes is not None for c in ZOO) >= 2
+
+
+COVERAGE_MD = pathlib.Path(__file__).resolve().parents[1] / "docs" / "coverage.md"
+
+
+def _committed_rows() -> dict[tuple[str, str], dict[str, str]]:
+    from zoo.coverage import parse
+
+    return {(r.cells["case"], r.cells["target"]): dict(r.cells) for r in parse(COVERAGE_MD.read_text())}
+
+
+def test_coverage_table_lists_the_catalogue() -> None:
+    """docs/coverage.md has exactly one row per (case, target) of the zoo and the HF catalogue,
+    with the status the catalogue expects and the subgraph count it declares."""
+    from zoo.hf import HF_CASES
+
+    rows = _committed_rows()
+    cases = ZOO + HF_CASES
+    assert set(rows) == {(c.name, t) for c in cases for t in TARGETS}
+    for c in cases:
+        for t in TARGETS:
+            row = rows[(c.name, t)]
+            assert (row["group"], row["status"]) == (c.group, c.expected(t)), (c.name, t, row)
+            if t == "xnnpack" and row["status"] == "pass" and c.xnnpack_subgraphs is not None:
+                assert row["XNNPACK subgraphs"] == str(c.xnnpack_subgraphs), (c.name, row)
+
+
+def test_coverage_table_matches_a_fresh_zoo_run(zoo_dir: pathlib.Path) -> None:
+    """The stable columns (status, delegated/total nodes, subgraphs) of every zoo row are what
+    this session's run produced; timing and error magnitudes are left out as noise."""
+    from zoo.coverage import rows_for
+
+    rows = _committed_rows()
+    for case in ZOO:
+        for fresh in rows_for(case_run(case, zoo_dir)):
+            committed = rows[(case.name, fresh.cells["target"])]
+            assert fresh.stable() == tuple(committed[c] for c in _STABLE), (
+                f"{case.name}/{fresh.cells['target']}: docs/coverage.md says "
+                f"{[committed[c] for c in _STABLE]}, this run {list(fresh.stable())}; "
+                "regenerate with scripts/gen_coverage.py --hf")
