@@ -7,6 +7,7 @@ kill lands where the test says, not at a random moment.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import signal
@@ -109,3 +110,123 @@ def test_compare_dir_finishes_an_interrupted_commit(previous: pathlib.Path, tmp_
     assert name == NAME and werr is None and report.ok
     assert assert_complete_set(out, NAME) == SHA[NEW_SEED]
     assert leftovers(out) == []
+
+
+# ------------------------------------------------------------ the set commit on its own (fast)
+_COMMIT_CHILD = """
+import pathlib, sys, time
+from dualexport.outputs import artifact_set, commit
+out, marker = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+orig, moved = commit._move, []
+def move(src, dst):
+    orig(src, dst)
+    moved.append(dst)
+    if len(moved) == 2:
+        marker.write_text("commit")
+        time.sleep(120)
+commit._move = move
+with artifact_set(out, "s") as tx:
+    for suffix in (".onnx", ".pte", ".weights.json"):
+        (tx.dir / f"s{suffix}").write_text("new")
+"""
+
+
+def _write_set(out: pathlib.Path, text: str, suffixes=(".onnx", ".onnx.data", ".pte", ".weights.json")) -> None:
+    from dualexport.outputs import artifact_set
+
+    with artifact_set(out, "s") as tx:
+        for suffix in suffixes:
+            (tx.dir / f"s{suffix}").write_text(text)
+
+
+def _contents(out: pathlib.Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in out.iterdir() if not p.name.startswith(".")}
+
+
+def test_set_commit_replaces_the_whole_set(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "other.onnx").write_text("not ours")
+    _write_set(out, "old")
+    _write_set(out, "new", suffixes=(".onnx", ".pte", ".weights.json"))
+    # the old .onnx.data is not part of the new set: removed, not left beside the new .onnx
+    assert _contents(out) == {"s.onnx": "new", "s.pte": "new", "s.weights.json": "new", "other.onnx": "not ours"}
+    assert leftovers(out) == []
+
+
+def test_set_commit_failure_keeps_the_previous_set(tmp_path: pathlib.Path) -> None:
+    from dualexport.outputs import artifact_set
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_set(out, "old")
+    before = _contents(out)
+    with pytest.raises(RuntimeError, match="target failed"):
+        with artifact_set(out, "s") as tx:
+            (tx.dir / "s.onnx").write_text("new")
+            raise RuntimeError("target failed")
+    with artifact_set(out, "s"):
+        pass  # nothing staged: a run that produced nothing never empties the folder
+    assert _contents(out) == before and leftovers(out) == []
+
+
+def test_sigkill_between_renames_is_rolled_forward(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_set(out, "old")
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-c", _COMMIT_CHILD, str(out), str(marker)])
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "child never reached the commit"
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    mixed = _contents(out)
+    assert sorted(set(mixed.values())) == ["new", "old"], "the kill did not land between two renames"
+    assert (out / ".s.commit.json").exists()
+    _write_set(out, "rerun")  # the next export finishes the killed commit first, then commits its own
+    assert _contents(out) == {"s.onnx": "rerun", "s.onnx.data": "rerun", "s.pte": "rerun",
+                              "s.weights.json": "rerun"}
+    assert leftovers(out) == []
+
+
+def test_leftovers_of_live_writers_and_pending_journals_are_kept(tmp_path: pathlib.Path) -> None:
+    from dualexport.outputs.atomic import _HOST, STAGING_PREFIX, remove_dead_leftovers
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    names = {
+        "dead": f"{STAGING_PREFIX}{_HOST}-{dead}-abc",
+        "live": f"{STAGING_PREFIX}{_HOST}-{os.getpid()}-abc",
+        "pending": f"{STAGING_PREFIX}{_HOST}-{dead}-pending",
+        "other-host": f"{STAGING_PREFIX}00000000-{dead}-abc",
+    }
+    for n in names.values():
+        (out / n).mkdir()
+    (out / f".s.onnx.{_HOST}-{dead}.xyz.tmp").write_text("partial")
+    (out / ".t.commit.json").write_text(json.dumps({"staging": names["pending"]}))
+    removed = remove_dead_leftovers(out, keep={names["pending"]})
+    assert sorted(removed) == sorted([names["dead"], f".s.onnx.{_HOST}-{dead}.xyz.tmp"])
+    assert {p.name for p in out.iterdir()} == {names["live"], names["pending"], names["other-host"],
+                                               ".t.commit.json"}
+
+
+def test_readers_share_the_lock_writers_exclude(tmp_path: pathlib.Path) -> None:
+    from dualexport.errors import ExportLockedError
+
+    with export_lock(tmp_path, "s", shared=True), export_lock(tmp_path, "s", shared=True):
+        with pytest.raises(ExportLockedError, match="another export is writing 's'"):
+            with export_lock(tmp_path, "s"):
+                pass
+    with export_lock(tmp_path, "s"):
+        with pytest.raises(ExportLockedError):
+            with export_lock(tmp_path, "s", shared=True):
+                pass

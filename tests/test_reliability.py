@@ -325,3 +325,34 @@ def test_cli_strict_exit_codes(tmp_path: pathlib.Path, monkeypatch: pytest.Monke
     assert main(base) == EXIT_TARGET_FAILED
     assert main(base + ["--strict"]) == EXIT_TARGET_FAILED
     assert main(["export", "tinymod:T", "--input", "2x4:nope"]) == 2
+
+
+def test_big_weights_go_to_external_data(tmp_path: pathlib.Path) -> None:
+    """The 2 GB protobuf limit never applies to weights: they are written as external data, so
+    the .onnx stays small however big the model (checked at 3 MB; the mechanism is the same)."""
+    m = torch.nn.Sequential(torch.nn.Linear(1000, 750), torch.nn.ReLU())
+    res = dx.export(m, (torch.randn(2, 1000),), target="onnx", out_dir=tmp_path / "o", name="big")
+    onnx_file, data_file = res.artifacts["onnx"].files
+    assert data_file.name == "big.onnx.data" and data_file.stat().st_size >= 3_000_000
+    assert onnx_file.stat().st_size < 100_000
+    assert res.verify_weights().exact["onnx"] == 2
+
+
+def test_free_space_estimate_counts_tied_weights_once(tmp_path: pathlib.Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from dualexport.outputs.space import check_free_space, needed_bytes
+    from dualexport.validation import estimate_export_bytes, weight_bytes
+
+    emb = torch.nn.Embedding(100, 8)
+    head = torch.nn.Linear(8, 100, bias=False)
+    head.weight = emb.weight  # tied: stored once
+    tied = torch.nn.ModuleDict({"emb": emb, "head": head})
+    assert weight_bytes(tied) == 100 * 8 * 4
+    need = estimate_export_bytes(tied, ("onnx", "xnnpack"))
+    assert need == needed_bytes(3200, 2) and need > 3 * 3200
+    monkeypatch.setattr("dualexport.outputs.space.free_bytes", lambda p: need - 1)
+    with pytest.raises(E.DiskSpaceError, match="MiB free") as info:
+        check_free_space(tmp_path, need)
+    assert info.value.need == need and info.value.free == need - 1
+    monkeypatch.setattr("dualexport.outputs.space.free_bytes", lambda p: need)
+    check_free_space(tmp_path, need)
