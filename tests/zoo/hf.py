@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.export import Dim
 
-from .case import Case
+from .case import Case, InputSet
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -71,6 +72,20 @@ _CONV = frozenset({"aten_convolution_default"})
 
 _TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
              vocab_size=100, max_position_embeddings=32)
+
+#: Sequence length 3..32 (max_position_embeddings): the wrapper's ``*inputs`` takes one spec per
+#: tensor, nested in a tuple for the var-positional parameter.
+_SEQ = Dim("seq", min=3, max=32)
+
+
+def _bert_seq_sets() -> list[InputSet]:
+    """Sequence length at its min, a middle value and its max."""
+    return [((_ids(100, 2, s), _mask(2, s)), {}) for s in (3, 17, 32)]
+
+
+def _gpt2_seq_sets() -> list[InputSet]:
+    return [((_ids(100, 2, s),), {}) for s in (3, 17, 32)]
+
 
 HF_CASES: tuple[Case, ...] = (
     Case("hf_bert", _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, **_TEXT),
@@ -140,5 +155,22 @@ HF_CASES: tuple[Case, ...] = (
          onnx_ops=frozenset({"Conv", "Softmax"}),
          xnnpack_subgraphs=11, xnnpack_allowed_non_delegated=None,
          xnnpack_must_delegate=_LINEAR | _CONV,
+         slow=True, group="hf"),
+    Case("hf_bert_dynamic_seq", _build("BertConfig", "BertModel", ("input_ids", "attention_mask"),
+                                       2, **_TEXT),
+         lambda: ((_ids(100), _mask()), {}),
+         description="hf_bert with a dynamic sequence length 3..32, compared at 3, 17 and 32",
+         dynamic_shapes=lambda: (({1: _SEQ}, {1: _SEQ}),), extra_inputs=_bert_seq_sets,
+         onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
+         xnnpack_subgraphs=20, xnnpack_allowed_non_delegated=None, xnnpack_must_delegate=_LINEAR,
+         slow=True, group="hf"),
+    Case("hf_gpt2_dynamic_seq", _build("GPT2Config", "GPT2LMHeadModel", ("input_ids",), 1,
+                                       n_embd=32, n_layer=2, n_head=2, vocab_size=100,
+                                       n_positions=32),
+         lambda: ((_ids(100),), {}),
+         description="hf_gpt2 with a dynamic sequence length 3..32, compared at 3, 17 and 32",
+         dynamic_shapes=lambda: (({1: _SEQ},),), extra_inputs=_gpt2_seq_sets,
+         onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
+         xnnpack_subgraphs=26, xnnpack_allowed_non_delegated=None, xnnpack_must_delegate=_LINEAR,
          slow=True, group="hf"),
 )
