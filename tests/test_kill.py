@@ -230,3 +230,21 @@ def test_readers_share_the_lock_writers_exclude(tmp_path: pathlib.Path) -> None:
         with pytest.raises(ExportLockedError):
             with export_lock(tmp_path, "s", shared=True):
                 pass
+
+
+def test_a_commit_that_cannot_be_finished_says_so(tmp_path: pathlib.Path) -> None:
+    """If the staged files of a journal are gone (deleted by hand), recovery refuses to call the
+    folder complete instead of recording a mix as the current set."""
+    from dualexport.errors import ArtifactIOError
+    from dualexport.outputs.atomic import STAGING_PREFIX
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_set(out, "old")
+    journal = {"schema": "dualexport.commit/1", "name": "s", "staging": f"{STAGING_PREFIX}gone",
+               "files": ["s.onnx", "s.pte"], "sizes": {"s.onnx": 3, "s.pte": 99}, "remove": []}
+    (out / ".s.commit.json").write_text(json.dumps(journal))
+    with pytest.raises(ArtifactIOError, match=r"cannot be finished: s\.pte"):
+        with export_lock(out, "s"):
+            recover(out, "s")
+    assert (out / ".s.commit.json").exists()

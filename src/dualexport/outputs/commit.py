@@ -83,6 +83,13 @@ def _roll_forward(out_dir: pathlib.Path, name: str, journal: dict) -> None:
                 os.unlink(out_dir / f)
         _fsync_dir(out_dir)
         sizes = {f: (out_dir / f).stat().st_size for f in files if (out_dir / f).is_file()}
+        expected = journal.get("sizes") or {}
+        wrong = [f for f in files if f in expected and sizes.get(f) != expected[f]]
+        if wrong:  # the staging folder vanished before its files were moved in
+            raise ArtifactIOError(
+                f"the interrupted commit of {name!r} in {str(out_dir)!r} cannot be finished: "
+                f"{', '.join(wrong)} are not the files it staged",
+                hint=f"re-export {name!r}; the folder holds a mix of two exports until then")
         atomic_write_text(_record_path(out_dir, name), json.dumps(
             {"schema": SCHEMA, "name": name, "files": files, "sizes": sizes}, indent=1) + "\n")
         os.unlink(journal_path(out_dir, name))
@@ -153,8 +160,8 @@ class ArtifactSet:
                 os.close(fd)
         _fsync_dir(self.dir)
         remove = sorted(set(current_set(self.out_dir, self.name)) - set(files))
-        journal = {"schema": SCHEMA, "name": self.name, "staging": self.dir.name,
-                   "files": files, "remove": remove}
+        journal = {"schema": SCHEMA, "name": self.name, "staging": self.dir.name, "files": files,
+                   "sizes": {f: (self.dir / f).stat().st_size for f in files}, "remove": remove}
         atomic_write_text(journal_path(self.out_dir, self.name), json.dumps(journal, indent=1) + "\n")
         _roll_forward(self.out_dir, self.name, journal)  # the journal is the commit point
         self.committed = tuple(self.out_dir / f for f in files)
