@@ -89,6 +89,13 @@ class XnnpackExporter:
 
     def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
               options: ExportOptions) -> LoweredTarget:
+        # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
+        # buffers next to parameters that require grad (a KV cache beside Linear weights).
+        with torch.no_grad():
+            return self._lower(decomposed, staging, name, options)
+
+    def _lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
+               options: ExportOptions) -> LoweredTarget:
         from executorch.exir import to_edge_transform_and_lower
 
         try:
