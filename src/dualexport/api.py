@@ -3,6 +3,7 @@ weight manifest and the parity check."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,8 +28,8 @@ from .errors import (
 )
 from .exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter, normalize_targets
 from .outputs import atomic_write_text, check_name, commit_files, prepare_out_dir, staging_dir
-from .outputs.lock import export_lock
-from .validation import validate_export_request
+from .outputs.commit import ArtifactSet, artifact_set
+from .validation import check_full_delegation, estimate_export_bytes, validate_export_request
 from .parity.compare import run_parity
 from .parity.report import ParityReport
 from .shared_state import SharedProgram
@@ -77,7 +78,8 @@ class ExportResult:
 
 
 def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, name: str,
-                  options: ExportOptions) -> tuple[Artifact, LoweredTarget]:
+                  options: ExportOptions, *, require_full_delegation: bool = False
+                  ) -> tuple[Artifact, LoweredTarget]:
     """Decompose, lower into a staging folder, smoke-run from disk, then commit the files."""
     exporter = get_exporter(target)
     start = time.perf_counter()
@@ -92,6 +94,8 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
                 raise _LOWERING_ERRORS[target](
                     f"lowering failed: {type(exc).__name__}: {exc}", target=target,
                     hint="see the chained exception") from exc
+            if require_full_delegation and target == "xnnpack":
+                check_full_delegation(lowered.delegation, decomposed)
             _smoke_run(shared, target, lowered.files[0])
             files = commit_files(lowered.files, out_dir)
     seconds = time.perf_counter() - start
@@ -160,6 +164,7 @@ def export(
     quantize: str | None = None,
     calibration: Iterable[tuple[Any, ...]] | None = None,
     strict: bool = False,
+    require_full_delegation: bool = False,
     options: ExportOptions | None = None,
 ) -> ExportResult:
     """Trace once, transform once, lower to each target from the one shared program, write
@@ -169,21 +174,33 @@ def export(
     ``strict=True``, which raises the first target error.
     """
     targets = normalize_targets(target)
-    validate_export_request(model, args, kwargs, quantize=quantize, calibration=calibration)
+    validate_export_request(model, args, kwargs, quantize=quantize, calibration=calibration,
+                            dynamic_shapes=dynamic_shapes)
     name = check_name(name)
     out = prepare_out_dir(out_dir)
-    with export_lock(out, name):
-        return _export_locked(model, args, kwargs, targets=targets, out=out, name=name,
-                              dynamic_shapes=dynamic_shapes, transforms=transforms,
-                              quantize=quantize, calibration=calibration, strict=strict,
-                              options=options or ExportOptions())
+    # One set: everything is staged in tx.dir and committed together on a clean exit; an
+    # exception (strict=True included) or a kill leaves the previous set as it was.
+    with artifact_set(out, name, need_bytes=estimate_export_bytes(model, targets)) as tx:
+        res = _export_locked(model, args, kwargs, targets=targets, out=tx.dir, name=name,
+                             dynamic_shapes=dynamic_shapes, transforms=transforms,
+                             quantize=quantize, calibration=calibration, strict=strict,
+                             options=options or ExportOptions(),
+                             require_full_delegation=require_full_delegation)
+    return _committed(res, tx)
+
+
+def _committed(res: ExportResult, tx: ArtifactSet) -> ExportResult:
+    """The result as committed: built while its files sat in the staging folder."""
+    arts = {t: dataclasses.replace(a, path=tx.final(a.path), files=tuple(tx.final(f) for f in a.files))
+            for t, a in res.artifacts.items()}
+    return dataclasses.replace(res, artifacts=MappingProxyType(arts), out_dir=tx.out_dir)
 
 
 def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, *,
                    targets: tuple[str, ...], out: pathlib.Path, name: str, dynamic_shapes: Any,
                    transforms: Sequence[Callable[..., Any]], quantize: str | None,
                    calibration: Iterable[tuple[Any, ...]] | None, strict: bool,
-                   options: ExportOptions) -> ExportResult:
+                   options: ExportOptions, require_full_delegation: bool = False) -> ExportResult:
     t0 = time.perf_counter()
     shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
     if transforms:
@@ -199,7 +216,8 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
     errors: dict[str, DualExportError] = {}
     for t in targets:
         try:
-            artifacts[t], lowered[t] = _lower_target(shared, t, out, name, options)
+            artifacts[t], lowered[t] = _lower_target(shared, t, out, name, options,
+                                                     require_full_delegation=require_full_delegation)
             seconds[t] = artifacts[t].seconds
         except DualExportError as exc:
             logger.error("%s", exc)
