@@ -323,8 +323,6 @@ _MASK_GLUE = _ops("aten_any_dim", "aten_eq_scalar", "aten_expand_copy_default",
                   "aten_full_like_default", "aten_logical_not_default", "aten_mul_scalar",
                   "aten_squeeze_copy_dims", "aten_unsqueeze_copy_default", "aten_where_self")
 
-_STATEFUL = "stateful programs (mutated buffers) are not supported yet: "
-
 ZOO: tuple[Case, ...] = (
     Case("mlp", MLP, lambda: ((_r(4, 16),), {}),
          description="Linear/GELU/ReLU stack; dynamic batch 2..8",
@@ -353,7 +351,8 @@ ZOO: tuple[Case, ...] = (
          xnnpack_subgraphs=1, onnx_ops=_ops("MaxPool"),
          xfail={"xnnpack": "ExecuTorch 1.4.1 XNNPACK MaxPool2dConfig.check_constraints reads "
                            "node.args[2] (stride), absent when the default stride is used: "
-                           "IndexError in to_edge_transform_and_lower"}),
+                           "IndexError in to_edge_transform_and_lower (pytorch/executorch#21488, "
+                           "fixed upstream by #21489, not in 1.4.1); pass stride explicitly"}),
     Case("gru", GRUModel, lambda: ((_r(2, 5, 8),), {}),
          description="nn.GRU (unrolled by torch.export)",
          xnnpack_subgraphs=7, xnnpack_allowed_non_delegated=_RNN_GLUE | _ops("aten_select_copy_int"),
@@ -421,8 +420,8 @@ ZOO: tuple[Case, ...] = (
     Case("kv_cache", KVCache, lambda: ((_r(1, 1, 16),), {}),
          description="KV cache and its position updated in place (index_copy_), compared over 3 steps",
          steps=3, onnx_ops=_ops("Softmax"),
-         xfail={"xnnpack": "dualexport: " + _STATEFUL + "to_executorch runs with grad enabled on "
-                           "parameters that require grad: 'a leaf Variable that requires grad is "
-                           "being used in an in-place operation' at copy_(k_cache); lowering "
-                           "under torch.no_grad() fixes it"}),
+         # index_copy_ (index_put), the int64 ``pos += 1`` and an expand stay in the portable ops.
+         xnnpack_subgraphs=4,
+         xnnpack_allowed_non_delegated=_ops("aten_index_put_default", "aten_add_tensor",
+                                            "aten_expand_copy_default")),
 )
