@@ -82,10 +82,6 @@ def test_coverage_table_matches_a_fresh_zoo_run(zoo_dir: pathlib.Path) -> None:
                 "regenerate with scripts/gen_coverage.py --hf")
 
 
-@pytest.mark.xfail(strict=True, reason="dualexport: dx.compare does not check inputs against the "
-                   "program's dynamic-shape ranges; an input above a Dim's max escapes as the "
-                   "eager guard's bare AssertionError ('Guard failed: x.size()[0] <= 8') instead "
-                   "of a dx.InputError naming the dim and its range")
 def test_input_above_a_dynamic_max_is_an_input_error(zoo_dir: pathlib.Path) -> None:
     """The mlp case declares batch in 2..8; batch 9 must be refused as bad input, clearly."""
     import torch
@@ -93,5 +89,7 @@ def test_input_above_a_dynamic_max_is_an_input_error(zoo_dir: pathlib.Path) -> N
     import dualexport as dx
 
     run = case_run(next(c for c in ZOO if c.name == "mlp"), zoo_dir)
-    with pytest.raises(dx.InputError, match="8"):
+    with pytest.raises(dx.InputError, match=r"dim 0 .* is 9, outside the exported range \[2, 8\]"):
         dx.compare(run.result, inputs=[(torch.randn(9, 16),)])
+    with pytest.raises(dx.InputError, match=r"is 1, outside the exported range \[2, 8\]"):
+        dx.compare(run.result, inputs=[(torch.randn(1, 16),)])  # below the min: runtimes accept it

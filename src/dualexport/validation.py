@@ -240,12 +240,17 @@ def check_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: 
             _check_spec_tree(k, bound[k], spec)
         return
     if isinstance(dynamic_shapes, (tuple, list)):
-        values = list(args) + list(kwargs.values())
-        if len(dynamic_shapes) != len(values):
-            raise InputError(f"dynamic_shapes has {len(dynamic_shapes)} entries but there are "
-                             f"{len(values)} inputs", hint="give one spec per input (None for static ones)")
-        names = [f"args[{i}]" for i in range(len(args))] + [f"kwargs[{k!r}]" for k in kwargs]
-        for n, v, spec in zip(names, values, dynamic_shapes):
+        # torch.export pairs a tuple spec with forward's parameters, in order: a var-positional
+        # ``*inputs`` takes one spec (a tuple) for all the arguments it collects.
+        try:
+            bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            bound = {f"args[{i}]": v for i, v in enumerate(args)} | {f"kwargs[{k!r}]": v for k, v in kwargs.items()}
+        if len(dynamic_shapes) != len(bound):
+            raise InputError(f"dynamic_shapes has {len(dynamic_shapes)} entries but forward takes "
+                             f"{len(bound)} inputs ({list(bound)})",
+                             hint="give one spec per parameter of forward (None for static ones)")
+        for (n, v), spec in zip(bound.items(), dynamic_shapes):
             _check_spec_tree(n, v, spec)
         return
     raise InputError(f"dynamic_shapes must be a dict or a tuple, got {type(dynamic_shapes).__name__}",

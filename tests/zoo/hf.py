@@ -87,12 +87,6 @@ def _gpt2_seq_sets() -> list[InputSet]:
     return [((_ids(100, 2, s),), {}) for s in (3, 17, 32)]
 
 
-_VARARGS_SPEC = (
-    "dualexport: validation.check_dynamic_shapes pairs a tuple dynamic_shapes with the flat args, "
-    "but torch.export pairs it with forward's parameters, a var-positional *inputs taking one "
-    "tuple of specs; the valid spec (({1: seq},),) is refused with InputError 'dynamic_shapes for "
-    "args[0] has 1 entries, but args[0] has 2 dims' (torch.export itself accepts it)")
-
 HF_CASES: tuple[Case, ...] = (
     Case("hf_bert", _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, **_TEXT),
          lambda: ((_ids(100), _mask()), {}),
@@ -181,6 +175,5 @@ HF_CASES: tuple[Case, ...] = (
          dynamic_shapes=lambda: (({1: _SEQ},),), extra_inputs=_gpt2_seq_sets,
          onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
          xnnpack_subgraphs=26, xnnpack_allowed_non_delegated=None, xnnpack_must_delegate=_LINEAR,
-         xfail={t: _VARARGS_SPEC for t in ("onnx", "xnnpack")},
          slow=True, group="hf"),
 )

@@ -15,6 +15,7 @@ from .._versions import library_versions
 from ..errors import DualExportError, ParityError
 from ..runtimes import open_runner
 from ..runtimes.eager import EagerRunner, flatten_inputs
+from .inputs import check_input_shapes
 from .metrics import compute_metrics
 from .report import Divergence, OutputParity, ParityReport
 from .tolerances import tolerance_for
@@ -61,8 +62,12 @@ def run_parity(
     outputs: list[OutputParity] = []
     errors: dict[str, str] = {}
     failing: dict[str, list[torch.Tensor]] = {}  # runtime -> flat inputs of its first failing set
+    flats = []
     for set_label, args, kwargs in input_sets:
         flat = flatten_inputs(program, args, kwargs)
+        check_input_shapes(program, flat, set_label)
+        flats.append(flat)
+    for (set_label, args, kwargs), flat in zip(input_sets, flats):
         eager = EagerRunner(program, args, kwargs)
         runners: dict[str, Any] = {}
         for rt, path in artifacts.items():

@@ -48,3 +48,47 @@ def load_inputs(path: pathlib.Path) -> list[torch.Tensor]:
         raise ArtifactIOError(f"cannot read inputs from {path.name}: {exc}",
                               hint="re-export, or pass inputs explicitly") from exc
     return out
+
+
+def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch.Tensor], label: str) -> None:
+    """Refuse inputs the exported program was not traced for, naming the dim and its range.
+
+    Why: outside a declared Dim range the eager reference fails with a bare guard assertion and
+    the runtimes may silently accept the input (a batch below the minimum runs everywhere), so
+    nothing downstream would say what is wrong.
+    """
+    from torch.export.graph_signature import InputKind
+
+    from ..errors import InputError
+
+    user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    vals = [nodes[n].meta.get("val") for n in user if n in nodes]
+    vals = [v for v in vals if isinstance(v, torch.Tensor)]
+    if len(vals) != len(flat):
+        raise InputError(f"{label}: the program takes {len(vals)} tensor inputs, got {len(flat)}",
+                         hint="pass inputs with the structure of the example inputs")
+    for i, (fake, t) in enumerate(zip(vals, flat)):
+        if fake.dim() != t.dim():
+            raise InputError(f"{label}: input {i} has {t.dim()} dims, the program takes {fake.dim()}",
+                             hint=f"use shape like {tuple(fake.shape)}")
+        if t.dtype != fake.dtype:
+            raise InputError(f"{label}: input {i} is {t.dtype}, the program takes {fake.dtype}",
+                             hint=f"convert it with .to({fake.dtype})")
+        for d, (size, actual) in enumerate(zip(fake.shape, t.shape)):
+            if isinstance(size, int):
+                if size != actual:
+                    raise InputError(
+                        f"{label}: input {i} dim {d} is {actual}, but it was exported static at {size}",
+                        hint="declare the dim dynamic with torch.export.Dim in dynamic_shapes")
+                continue
+            expr = size.node.expr
+            rng = program.range_constraints.get(expr)
+            if rng is None:
+                continue
+            lo, hi = int(rng.lower), (None if rng.upper.is_infinite else int(rng.upper))
+            if actual < lo or (hi is not None and actual > hi):
+                raise InputError(
+                    f"{label}: input {i} dim {d} ({expr}) is {actual}, outside the exported range "
+                    f"[{lo}, {hi if hi is not None else 'inf'}]",
+                    hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range")
