@@ -181,7 +181,7 @@ ROWS = [
     _row("dynamic-bad-dim-index", lambda c: c.export(dynamic_shapes=({5: Dim("b")},)), E.InputError,
          r"names dim 5.*2 dims", marks=_xf(WIRED_DYNAMIC, NEEDS_DYNAMIC)),
     _row("dynamic-wrong-count", lambda c: c.export(dynamic_shapes=({0: Dim("b")}, None)), E.InputError,
-         r"2 entries but there are 1 inputs", marks=_xf(WIRED_DYNAMIC, NEEDS_DYNAMIC)),
+         r"2 entries but forward takes 1 inputs", marks=_xf(WIRED_DYNAMIC, NEEDS_DYNAMIC)),
     _row("dynamic-range-excludes-example", lambda c: c.export(dynamic_shapes=({0: Dim("b", min=3, max=9)},)),
          E.InputError, r"example size 2 is outside", marks=_xf(WIRED_DYNAMIC, NEEDS_DYNAMIC)),
     _row("out-dir-is-file", lambda c: c.export(out_dir=c.tmp / "f"), E.InputError, r"not a directory",

@@ -18,7 +18,7 @@ from ..runtimes.eager import EagerRunner, flatten_inputs
 from .inputs import check_input_shapes
 from .metrics import compute_metrics
 from .report import Divergence, OutputParity, ParityReport
-from .tolerances import tolerance_for
+from .tolerances import quantized_tolerance, tolerance_for
 
 __all__ = ["run_parity", "InputSet", "error_histogram"]
 
@@ -62,6 +62,9 @@ def run_parity(
     outputs: list[OutputParity] = []
     errors: dict[str, str] = {}
     failing: dict[str, list[torch.Tensor]] = {}  # runtime -> flat inputs of its first failing set
+    from ..shared_state.quantize import output_quant_steps
+
+    quant_steps = output_quant_steps(program)
     flats = []
     for set_label, args, kwargs in input_sets:
         flat = flatten_inputs(program, args, kwargs)
@@ -96,7 +99,10 @@ def run_parity(
                 metrics, tols, hists = {}, {}, {}
                 for rt, outs in got.items():
                     o_rtol, o_atol = (tolerance_overrides or {}).get(i, (rtol, atol))
-                    tol = tolerance_for(rt, r.dtype, rtol=o_rtol, atol=o_atol)
+                    if i in quant_steps and o_rtol is None and o_atol is None:
+                        tol = quantized_tolerance(quant_steps[i])  # one step of the output
+                    else:
+                        tol = tolerance_for(rt, r.dtype, rtol=o_rtol, atol=o_atol)
                     a = outs[i]
                     if a.dtype != r.dtype and r.dtype.is_floating_point is False:
                         a = a.to(r.dtype)

@@ -60,6 +60,8 @@ class SharedProgram:
         self.example_kwargs = dict(example_kwargs or {})
         self.capture_seconds = capture_seconds
         self._weights: dict[str, str] | None = None
+        self.dynamic_shapes: Any = None
+        self.quantization: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ capture
     @classmethod
@@ -101,8 +103,10 @@ class SharedProgram:
         finally:
             for name, m in model.named_modules():
                 m.train(modes.get(name, False))
-        return cls(ep, example_args=tuple(args), example_kwargs=kwargs,
-                   capture_seconds=time.perf_counter() - start, notes=notes)
+        shared = cls(ep, example_args=tuple(args), example_kwargs=kwargs,
+                     capture_seconds=time.perf_counter() - start, notes=notes)
+        shared.dynamic_shapes = dynamic_shapes
+        return shared
 
     # --------------------------------------------------------------- the holder
     @property

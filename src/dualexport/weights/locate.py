@@ -103,6 +103,14 @@ def locate_pte(entry: WeightEntry, tensor: torch.Tensor | None, store: PteTensor
     if idx is not None:
         return WeightLocation(status="exact", where=f"constant_buffer:{idx}",
                               checked="sha256 of the constant buffer bytes")
+    blob = bytes(tensor_bytes(tensor)) if tensor is not None and entry.nbytes >= 8 else b""
+    if blob and len(set(blob)) > 1 and store.raw:
+        # Small per-channel tensors (quantization scales) live inside the delegate's own payload.
+        # Constant byte patterns (all zeros) would match anywhere, so they are never searched.
+        offset = store.raw.find(blob)
+        if offset >= 0:
+            return WeightLocation(status="exact", where=f"delegate_payload:{offset}",
+                                  checked="bytes found verbatim in the XNNPACK delegate payload")
     if tensor is not None and store.named:
         for perm in _permutations(tensor.dim()):
             sha = permuted_sha256(tensor, perm)

@@ -34,6 +34,7 @@ class PteTensors:
 
     named: dict[str, bytes]
     constant_buffers: list[bytes]
+    raw: bytes = b""
     _prefix_cache: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
 
     def named_ok(self, key: str) -> bool:
@@ -165,4 +166,4 @@ def read_pte(path: pathlib.Path) -> PteTensors:
     constants = [bytes(b.storage) for b in pte.program.constant_buffer]
     # Mutable buffers (state) are stored with their initial values in the mutable segment.
     constants += [bytes(b.storage) for b in (pte.mutable_data or [])]
-    return PteTensors(named=named, constant_buffers=constants)
+    return PteTensors(named=named, constant_buffers=constants, raw=data)

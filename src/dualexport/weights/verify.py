@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ def verify_manifest(manifest: WeightManifest, out_dir: pathlib.Path,
                 ok = ref == expected and store.named_ok(ref)
                 if ok and loc.status == "transformed" and holder is not None and e.name in holder:
                     ok = permuted_sha256(holder[e.name], tuple(loc.permutation or ())) == ref
+            elif kind == "delegate_payload":
+                off = int(ref)
+                ok = hashlib.sha256(store.raw[off:off + e.nbytes]).hexdigest() == e.sha256
             elif kind == "constant_buffer":
                 ok = store.constant_sha(int(ref), e.nbytes) == e.sha256
             if not ok:

@@ -1,0 +1,144 @@
+"""Fold input-independent subgraphs of the shared program into lifted constants.
+
+Why: Hugging Face models build their attention masks from ``arange``/``unsqueeze``/``expand``/
+``gather`` chains over constants and non-mutated buffers. None of those int/bool ops is taken by
+XNNPACK, so each chain splits a partition and costs a portable-kernel call per inference; the ONNX
+graph carries them too. Computed once here, they become one small constant in both artifacts.
+
+Parameters are never folded (a folded weight would be a copy under a new name, which the weight
+manifest could not match to the state_dict), mutated buffers are never folded, and neither is any
+result above ``max_bytes`` (folding an ``expand`` can materialize a large tensor).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+
+__all__ = ["fold_constants", "FOLD_MAX_BYTES"]
+
+#: Largest folded result kept as a constant (bytes): masks and position ids, not activations.
+FOLD_MAX_BYTES = 1 << 20
+
+_NEVER_FOLD = {torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _static_tensor(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape)
+
+
+def _foldable_op(node: torch.fx.Node) -> bool:
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target in _NEVER_FOLD:
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+        return False
+    return bool(target._schema.returns)
+
+
+def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Placeholder name -> value for lifted constants and buffers that forward never mutates."""
+    sig = program.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    out: dict[str, torch.Tensor] = {}
+    for ph, name in sig.inputs_to_lifted_tensor_constants.items():
+        value = program.constants.get(name)
+        if isinstance(value, torch.Tensor):
+            out[ph] = value
+    for ph, name in sig.inputs_to_buffers.items():
+        if name in mutated:
+            continue
+        value = program.state_dict.get(name, program.constants.get(name))
+        if isinstance(value, torch.Tensor):
+            out[ph] = value
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) -> ExportedProgram:
+    """Replace every maximal input-independent subgraph by one lifted constant, in place.
+
+    Returns the same program (edited), so the holder's state_dict stays the one dict.
+    """
+    graph = program.graph
+    values: dict[torch.fx.Node, Any] = {}
+    constants = _constant_inputs(program)
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name in constants:
+            values[node] = constants[node.name]
+    with torch.no_grad():
+        for node in graph.nodes:
+            if node.op != "call_function" or not _foldable_op(node):
+                continue
+            if any(n not in values for n in node.all_input_nodes):
+                continue
+            val = node.meta.get("val")
+            if node.target is not operator.getitem and not (
+                    _static_tensor(val) or (isinstance(val, (tuple, list)) and all(map(_static_tensor, val)))):
+                continue
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+            try:
+                result = node.target(*args, **kwargs)
+            except Exception:  # an op we cannot evaluate eagerly stays in the graph
+                continue
+            if isinstance(result, torch.Tensor) and _nbytes(result) > max_bytes:
+                continue
+            values[node] = result
+
+    frontier = [n for n in values if n.op == "call_function" and isinstance(values[n], torch.Tensor)
+                and any(u not in values for u in n.users)]
+    if not frontier:
+        return program
+
+    sig = program.graph_signature
+    specs = list(sig.input_specs)
+    user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[user_idx] if user_idx < len(placeholders) else None
+    fake_mode = torch._guards.detect_fake_mode(
+        [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+    taken = set(program.constants) | set(program.state_dict) | {n.name for n in graph.nodes}
+    new_specs: list[InputSpec] = []
+    counter = 0
+    for node in frontier:
+        while f"_folded_constant_{counter}" in taken:
+            counter += 1
+        name = f"_folded_constant_{counter}"
+        taken.add(name)
+        tensor = values[node].detach().contiguous().clone()
+        ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
+        with ctx:
+            ph = graph.placeholder(name)
+        ph.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+        ph.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True) if fake_mode else tensor
+        node.replace_all_uses_with(ph)
+        program.constants[ph.name] = tensor
+        new_specs.append(InputSpec(kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=ph.name),
+                                   target=ph.name, persistent=None))
+        if anchor is None:
+            placeholders.append(ph)
+    graph.eliminate_dead_code()
+    # Lifted constants nothing reads any more (their placeholder is dead): drop them.
+    dead = {n.name for n in graph.nodes if n.op == "placeholder" and not n.users
+            and n.name in sig.inputs_to_lifted_tensor_constants}
+    for n in [n for n in graph.nodes if n.op == "placeholder" and n.name in dead]:
+        graph.erase_node(n)
+    kept = []
+    for s in specs[:user_idx]:
+        if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name in dead:
+            program.constants.pop(s.target, None)
+            continue
+        kept.append(s)
+    program._graph_signature = ExportGraphSignature(  # noqa: SLF001 - no public setter
+        input_specs=kept + new_specs + specs[user_idx:], output_specs=list(sig.output_specs))
+    program.graph_module.recompile()
+    return program
