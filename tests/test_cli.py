@@ -20,8 +20,10 @@ def test_export_and_compare_dir(tmp_path: pathlib.Path) -> None:
     assert code == 0
     assert {"mlp.onnx", "mlp.pte", "mlp.weights.json", "mlp.parity.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "mlp.parity.json").read_text())["ok"] is True
-    assert main(["compare", str(out), "--html"]) == 0
+    assert main(["compare", str(out), "--html", "--generate", "1"]) == 0
     assert (out / "mlp.parity.html").is_file()
+    saved = json.loads((out / "mlp.parity.json").read_text())
+    assert saved["inputs"] == ["example", "seed0", "large", "zeros"]
 
 
 def test_bad_usage_exits_2(tmp_path: pathlib.Path) -> None:

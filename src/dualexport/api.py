@@ -251,10 +251,14 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
     return res
 
 
-def _input_sets(res_program: Any, inputs: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    ep = res_program
+def _input_sets(program: Any, inputs: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """User inputs: a list of argument tuples (or (args, kwargs) pairs), or a .npz/.pt file."""
     if inputs is None:
         return []
+    if isinstance(inputs, (str, os.PathLike)):
+        from .parity.inputs import load_input_file
+
+        return [(f"file{i}", *_unflatten(program, flat)) for i, flat in enumerate(load_input_file(pathlib.Path(inputs)))]
     sets = []
     for i, item in enumerate(inputs):
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], dict) and isinstance(item[0], tuple):
@@ -264,19 +268,46 @@ def _input_sets(res_program: Any, inputs: Any) -> list[tuple[str, tuple[Any, ...
         else:
             raise InputError(f"inputs[{i}] must be a tuple of arguments, got {type(item).__name__}",
                              hint="pass inputs=[(x1,), (x2,)]")
-    del ep
     return sets
 
 
-def compare(res: ExportResult, inputs: Iterable[Any] | None = None, *, rtol: float | None = None,
-            atol: float | None = None, steps: int = 1) -> ParityReport:
-    """Eager (the shared program) vs ONNX Runtime vs ExecuTorch, from the files on disk."""
+def _unflatten(program: Any, flat: list[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    from torch.utils import _pytree as pytree
+
+    spec = program.call_spec.in_spec
+    if spec is None:
+        return tuple(flat), {}
+    try:
+        args, kwargs = pytree.tree_unflatten(list(flat), spec)
+    except Exception as exc:
+        raise InputError(f"{len(flat)} input tensors do not fit the program's inputs: {exc}",
+                         hint="give one tensor per input, in the order of the example inputs") from exc
+    return tuple(args), dict(kwargs)
+
+
+def compare(res: ExportResult, inputs: Iterable[Any] | str | os.PathLike | None = None, *,
+            rtol: float | None = None, atol: float | None = None, steps: int = 1,
+            tolerances: Mapping[int, tuple[float, float]] | None = None,
+            generate: int = 0) -> ParityReport:
+    """Eager (the shared program) vs ONNX Runtime vs ExecuTorch, from the files on disk.
+
+    ``inputs``: extra argument tuples, or a .npz/.pt file of them. ``tolerances``: per output
+    index ``(rtol, atol)``, over the table's defaults. ``generate``: that many extra random seeds,
+    plus large-magnitude and all-zero sets shaped like the example (integer inputs stay in range).
+    """
+    from .parity.inputs import generate_input_sets
+    from .runtimes.eager import flatten_inputs
+
     shared = res.program
     sets = [("example", shared.example_args, shared.example_kwargs)]
     sets += _input_sets(shared.exported_program, inputs)
+    if generate:
+        example_flat = flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs)
+        sets += [(label, *_unflatten(shared.exported_program, flat))
+                 for label, flat in generate_input_sets(example_flat, seeds=generate)]
     paths = {t: a.path for t, a in res.artifacts.items()}
     if not paths:
         raise InputError("no artifact to compare: every target failed",
                          hint="look at res.errors for why each target failed")
     return run_parity(shared.exported_program, paths, sets, rtol=rtol, atol=atol, steps=steps,
-                      decomposed=shared.decomposed)
+                      decomposed=shared.decomposed, tolerance_overrides=tolerances)

@@ -192,7 +192,7 @@ def _cmd_compare(ns: argparse.Namespace) -> int:
 
     console = _console()
     report, check, werr, name = compare_dir(pathlib.Path(ns.dir), name=ns.name, rtol=ns.rtol,
-                                            atol=ns.atol, steps=ns.steps)
+                                            atol=ns.atol, steps=ns.steps, inputs=ns.inputs, generate=ns.generate)
     if check is not None or werr is not None:
         from .reload import load_manifest
 
@@ -224,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--name", default=None, help="which export in the folder (default: the only one)")
     c.add_argument("--rtol", type=float, default=None)
     c.add_argument("--atol", type=float, default=None)
-    c.add_argument("--steps", type=int, default=1)
+    c.add_argument("--steps", type=int, default=1, help="calls per input set (stateful models)")
+    c.add_argument("--inputs", default=None, help="extra inputs: a .npz or .pt file (no pickle)")
+    c.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="N extra random seeds plus large-magnitude and all-zero inputs")
     c.add_argument("--html", action="store_true", help="also write <name>.parity.html")
     c.set_defaults(func=_cmd_compare)
     return p

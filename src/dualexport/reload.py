@@ -175,7 +175,8 @@ def _reading(folder: pathlib.Path, name: str) -> Iterator[None]:
 
 
 def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | None = None,
-                atol: float | None = None, steps: int = 1
+                atol: float | None = None, steps: int = 1, inputs: pathlib.Path | None = None,
+                generate: int = 0
                 ) -> tuple[ParityReport, WeightCheck | None, WeightMismatchError | None, str]:
     from torch.utils import _pytree as pytree
 
@@ -198,7 +199,19 @@ def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | 
         except Exception as exc:
             raise ArtifactFormatError(f"{name}.inputs.npz does not fit the program's inputs: {exc}",
                                       hint="re-export; the inputs file belongs to another export") from exc
-        report = run_parity(program, artifacts, [("example", tuple(args), dict(kwargs))],
-                            rtol=rtol, atol=atol, steps=steps)
+        sets = [("example", tuple(args), dict(kwargs))]
+        extra: list[tuple[str, list]] = []
+        if inputs is not None:
+            from .parity.inputs import load_input_file
+
+            extra += [(f"file{i}", f) for i, f in enumerate(load_input_file(pathlib.Path(inputs)))]
+        if generate:
+            from .parity.inputs import generate_input_sets
+
+            extra += generate_input_sets(list(flat), seeds=generate)
+        for label, f in extra:
+            a, k = pytree.tree_unflatten(list(f), spec) if spec is not None else (tuple(f), {})
+            sets.append((label, tuple(a), dict(k)))
+        report = run_parity(program, artifacts, sets, rtol=rtol, atol=atol, steps=steps)
     return report, check, werr, name
 

@@ -92,3 +92,68 @@ def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch
                     f"{label}: input {i} dim {d} ({expr}) is {actual}, outside the exported range "
                     f"[{lo}, {hi if hi is not None else 'inf'}]",
                     hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range")
+
+
+def generate_input_sets(flat: list[torch.Tensor], *, seeds: int = 3) -> list[tuple[str, list[torch.Tensor]]]:
+    """Input sets that catch what one random-normal example misses, shaped like ``flat``.
+
+    Several seeds; large magnitude (x1000: overflow, saturation, loss of relative precision);
+    all zeros (division by a zero norm, NaN from 0/0). Integer inputs (token ids, positions) are
+    drawn from the example's own value range so they stay valid; bools stay bools.
+    """
+    def like(t: torch.Tensor, g: torch.Generator, mode: str) -> torch.Tensor:
+        if t.dtype.is_floating_point:
+            if mode == "zeros":
+                return torch.zeros_like(t)
+            x = torch.randn(t.shape, generator=g).to(t.dtype)
+            return x * 1000 if mode == "large" else x
+        if t.dtype == torch.bool:
+            return torch.randint(0, 2, t.shape, generator=g).bool()
+        lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 0)
+        if mode == "zeros":
+            return torch.full_like(t, max(lo, 0) if lo <= 0 <= hi else lo)
+        return torch.randint(lo, hi + 1, t.shape, generator=g).to(t.dtype)
+
+    out = []
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(1000 + seed)
+        out.append((f"seed{seed}", [like(t, g, "normal") for t in flat]))
+    g = torch.Generator().manual_seed(2000)
+    out.append(("large", [like(t, g, "large") for t in flat]))
+    out.append(("zeros", [like(t, g, "zeros") for t in flat]))
+    return out
+
+
+def load_input_file(path: pathlib.Path) -> list[list[torch.Tensor]]:
+    """Flat input sets from ``.npz`` (no pickle) or ``.pt`` (torch.load weights_only=True).
+
+    .npz: our own ``<name>.inputs.npz`` format, or plain arrays taken in name order as one set.
+    .pt: a tensor, a tuple of tensors (one set) or a list of tuples (several sets).
+    """
+    path = pathlib.Path(path)
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                keys = list(data.keys())
+        except (OSError, ValueError) as exc:
+            raise ArtifactIOError(f"cannot read inputs from {path.name}: {exc}",
+                                  hint="save arrays with numpy.savez (no object arrays)") from exc
+        if "dtypes" in keys:
+            return [load_inputs(path)]
+        with np.load(path, allow_pickle=False) as data:
+            return [[torch.from_numpy(np.array(data[k])) for k in sorted(keys)]]
+    if path.suffix in (".pt", ".pth"):
+        try:
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            raise ArtifactIOError(f"cannot read inputs from {path.name} with weights_only=True: {exc}",
+                                  hint="save only tensors (torch.save((x,), path)); code is never unpickled") from exc
+        if isinstance(obj, torch.Tensor):
+            return [[obj]]
+        if isinstance(obj, tuple) and all(isinstance(t, torch.Tensor) for t in obj):
+            return [list(obj)]
+        if isinstance(obj, list) and all(isinstance(s, (tuple, list)) for s in obj):
+            return [list(s) for s in obj]
+        raise ArtifactIOError(f"{path.name} holds {type(obj).__name__}, not tensors or tuples of tensors",
+                              hint="save a tuple of tensors, or a list of such tuples")
+    raise ArtifactIOError(f"unsupported input file {path.name}", hint="use .npz or .pt")

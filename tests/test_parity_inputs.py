@@ -1,0 +1,65 @@
+"""Input sets beyond the example: generated (seeds, large, zeros), from files, and per-output
+tolerances."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+import dualexport as dx
+from dualexport.parity.inputs import generate_input_sets
+from models import MLP, TiedEmbedding
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory: pytest.TempPathFactory) -> dx.ExportResult:
+    return dx.export(MLP(), (torch.randn(3, 16),), out_dir=tmp_path_factory.mktemp("in"), name="m")
+
+
+def test_generated_sets_keep_integer_inputs_in_range() -> None:
+    ids = torch.tensor([[3, 7, 49], [0, 12, 5]])
+    sets = dict(generate_input_sets([ids, torch.randn(2, 3)], seeds=2))
+    assert set(sets) == {"seed0", "seed1", "large", "zeros"}
+    for label, (i, x) in sets.items():
+        assert i.dtype == torch.int64 and int(i.min()) >= 0 and int(i.max()) <= 49, label
+    assert float(sets["large"][1].abs().max()) > 100 and not sets["zeros"][1].any()
+
+
+def test_compare_with_generated_sets(mlp: dx.ExportResult) -> None:
+    report = dx.compare(mlp, generate=2)
+    assert report.ok, report.to_markdown()
+    assert report.inputs == ("example", "seed0", "seed1", "large", "zeros")
+    large = next(o for o in report.outputs if o.label.startswith("large"))
+    assert large.metrics["onnx"].max_abs > 0  # a real run on large values, not a copy
+
+
+def test_generated_sets_for_token_ids(tmp_path: pathlib.Path) -> None:
+    res = dx.export(TiedEmbedding(), (torch.randint(0, 50, (2, 5)),), out_dir=tmp_path, name="t")
+    assert dx.compare(res, generate=1).ok  # ids out of range would crash the embedding
+
+
+def test_inputs_from_npz_and_pt(mlp: dx.ExportResult, tmp_path: pathlib.Path) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    rep = dx.compare(mlp, inputs=tmp_path / "in.npz")
+    assert rep.ok and rep.inputs == ("example", "file0") and rep.outputs[-1].shape == (3, 8)
+    torch.save([(torch.randn(3, 16),), (torch.randn(3, 16),)], tmp_path / "in.pt")
+    assert dx.compare(mlp, inputs=tmp_path / "in.pt").inputs == ("example", "file0", "file1")
+
+
+def test_pickled_input_file_is_refused(mlp: dx.ExportResult, tmp_path: pathlib.Path) -> None:
+    import pickle
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"x": object()}))
+    with pytest.raises(dx.ArtifactIOError, match="weights_only"):
+        dx.compare(mlp, inputs=tmp_path / "evil.pt")
+
+
+def test_per_output_tolerance_override(mlp: dx.ExportResult) -> None:
+    strict = dx.compare(mlp, tolerances={0: (0.0, 0.0)})
+    o = strict.outputs[0]
+    assert o.tolerance["onnx"].source == "user override" and o.tolerance["onnx"].atol == 0.0
+    assert dx.compare(mlp, tolerances={0: (1e-3, 1e-3)}).outputs[0].tolerance["xnnpack"].atol == 1e-3
