@@ -53,6 +53,9 @@ class Case:
     xfail: Mapping[str, str] = field(default_factory=dict)
     slow: bool = False
     group: str = "zoo"
+    #: export with ``quantize="int8"``, calibrated on this many fresh draws of ``inputs``
+    #: (the parity tolerance is then one quantization step of each output).
+    int8_calibration: int = 0
 
     def expected(self, target: str) -> str:
         """``"pass"`` or ``"xfail"``: what the coverage table must show for ``target``."""

@@ -424,4 +424,12 @@ ZOO: tuple[Case, ...] = (
          xnnpack_subgraphs=4,
          xnnpack_allowed_non_delegated=_ops("aten_index_put_default", "aten_add_tensor",
                                             "aten_expand_copy_default")),
+    Case("int8_mlp", MLP, lambda: ((_r(4, 16),), {}),
+         description="MLP quantized with quantize='int8' (PT2E per-channel, 16 calibration draws); "
+                     "parity within one quantization step of the quantized eager reference",
+         int8_calibration=16, xnnpack_subgraphs=1, onnx_ops=_ops("QuantizeLinear", "DequantizeLinear")),
+    Case("int8_cnn", lambda: _randomize_bn(CNNBatchNorm()), lambda: ((_r(2, 3, 8, 8),), {}),
+         description="Conv + BatchNorm CNN quantized with quantize='int8'",
+         int8_calibration=16, xnnpack_allowed_non_delegated=None,
+         onnx_ops=_ops("QuantizeLinear", "DequantizeLinear")),
 )

@@ -113,8 +113,12 @@ def run_case(case: Case, out_dir: pathlib.Path, targets: tuple[str, ...] = TARGE
     dyn = case.dynamic_shapes() if case.dynamic_shapes else None
     t0 = time.perf_counter()
     try:
+        quant: dict[str, Any] = {}
+        if case.int8_calibration:
+            quant = {"quantize": "int8",
+                     "calibration": [case.inputs() for _ in range(case.int8_calibration)]}
         res = dx.export(model, args, kwargs or None, target=targets, out_dir=out_dir,
-                        name=case.name, dynamic_shapes=dyn)
+                        name=case.name, dynamic_shapes=dyn, **quant)
     except Exception as exc:  # capture failed: every target fails at the export stage
         msg = _describe(exc)
         for o in outcomes.values():
