@@ -9,13 +9,7 @@ from collections.abc import Callable
 
 def timed(fn: Callable[[], object], repeats: int = 5) -> tuple[float, float, float]:
     """min, median, max wall seconds of ``fn`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return min(samples), statistics.median(samples), max(samples)
+    return samples(fn, repeats, warmup=True)
 
 
 def peak_rss_mb() -> float:
@@ -28,3 +22,38 @@ def peak_rss_mb() -> float:
 
 def fmt(t: tuple[float, float, float]) -> str:
     return f"min {t[0] * 1e3:.1f} ms / median {t[1] * 1e3:.1f} ms / max {t[2] * 1e3:.1f} ms"
+
+
+def samples(fn: Callable[[], object], repeats: int = 3, warmup: bool = False) -> tuple[float, float, float]:
+    """min, median, max wall seconds over ``repeats`` runs; no warm-up by default, for phases
+    (export, lowering) that are too slow to run an extra time on 2 cores."""
+    if warmup:
+        fn()
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out), statistics.median(out), max(out)
+
+
+def ratio(ours: tuple[float, float, float], plain: tuple[float, float, float]) -> str:
+    """``ours / plain`` as median (min, max): the ratio printed by every benchmark."""
+    return (f"median {ours[1] / plain[1]:.2f}x (min {ours[0] / plain[0]:.2f}x, "
+            f"max {ours[2] / plain[2]:.2f}x)")
+
+
+def fmt_s(t: tuple[float, float, float]) -> str:
+    return f"min {t[0]:.2f} s / median {t[1]:.2f} s / max {t[2]:.2f} s"
+
+
+def quiet() -> None:
+    """Silence library warnings and log chatter so the printed figures stay readable."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)

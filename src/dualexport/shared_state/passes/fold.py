@@ -94,6 +94,17 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
                 continue
             values[node] = result
 
+    # A metadata assert on a folded value is decided now: run it once and drop it, so it does
+    # not keep its input alive as a second constant.
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _NEVER_FOLD and not node.users \
+                and all(n in values for n in node.all_input_nodes):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+            try:
+                node.target(*args, **kwargs)
+            except Exception:  # a failing check stays in the program
+                continue
+            graph.erase_node(node)
     frontier = [n for n in values if n.op == "call_function" and isinstance(values[n], torch.Tensor)
                 and any(u not in values for u in n.users)]
     if not frontier:

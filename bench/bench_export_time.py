@@ -1,0 +1,54 @@
+"""Dual-export wall time: ``dx.export`` (one trace, both targets, weight manifest, smoke runs)
+against the plain path (torch.onnx.export on the module + a separate torch.export and
+to_edge_transform_and_lower + to_executorch), with and without ``DEFAULT_PASSES``, side by side.
+
+Usage: python bench/bench_export_time.py
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import fmt_s, quiet, ratio, samples  # noqa: E402
+
+REPEATS = 3
+
+
+def main() -> None:
+    quiet()
+    import dualexport as dx
+    from _models import ENC_D, ENC_LAYERS, ENC_SEQ, encoder
+    from _plain import plain_dual
+
+    from dualexport.shared_state.passes import DEFAULT_PASSES
+
+    model, args = encoder()
+    print(f"TransformerEncoder {ENC_LAYERS} layers d={ENC_D} seq {ENC_SEQ} (issue: d=512, reduced "
+          f"to fit 2 cores); repeats {REPEATS}, no warm-up, paths interleaved")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp)
+        runs = {
+            "plain (onnx.export + export + lower)": lambda: plain_dual(model, args, out),
+            "dx.export": lambda: dx.export(model, args, out_dir=out / "dx", name="m", strict=True),
+            "dx.export + DEFAULT_PASSES": lambda: dx.export(model, args, out_dir=out / "opt", name="m",
+                                                            transforms=DEFAULT_PASSES, strict=True),
+        }
+        acc: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(REPEATS):  # interleaved, so machine load hits every path alike
+            for k, fn in runs.items():
+                acc[k].append(samples(fn, repeats=1)[0])
+    stats = {k: (min(v), sorted(v)[len(v) // 2], max(v)) for k, v in acc.items()}
+    for k, v in stats.items():
+        print(f"{k:<38}: {fmt_s(v)}")
+    plain = stats["plain (onnx.export + export + lower)"]
+    print(f"dual-export wall time ratio dx/plain            : {ratio(stats['dx.export'], plain)}")
+    print(f"dual-export wall time ratio dx+passes/plain     : "
+          f"{ratio(stats['dx.export + DEFAULT_PASSES'], plain)}")
+    print("(dx.export also writes the weight manifest, the .pt2 and smoke-runs both files from disk)")
+
+
+if __name__ == "__main__":
+    main()
