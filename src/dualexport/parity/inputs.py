@@ -50,6 +50,14 @@ def load_inputs(path: pathlib.Path) -> list[torch.Tensor]:
     return out
 
 
+def _bound(value: object) -> int | None:
+    """A range bound as an int; None for (torch's int_oo) infinity."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
 def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch.Tensor], label: str) -> None:
     """Refuse inputs the exported program was not traced for, naming the dim and its range.
 
@@ -86,7 +94,7 @@ def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch
             rng = program.range_constraints.get(expr)
             if rng is None:
                 continue
-            lo, hi = int(rng.lower), (None if rng.upper.is_infinite else int(rng.upper))
+            lo, hi = _bound(rng.lower) or 0, _bound(rng.upper)
             if actual < lo or (hi is not None and actual > hi):
                 raise InputError(
                     f"{label}: input {i} dim {d} ({expr}) is {actual}, outside the exported range "
