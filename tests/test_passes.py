@@ -170,3 +170,16 @@ def test_static_bert_share(tmp_path: pathlib.Path) -> None:
     d = res.artifacts["xnnpack"].delegation
     assert d.subgraphs <= 3 and d.delegated_share >= 0.9, d.to_markdown()
     _proven(case, res, dynamic=False)
+
+
+def test_optimize_option_applies_the_default_passes(tmp_path: pathlib.Path) -> None:
+    """``dx.export(optimize=True)`` runs DEFAULT_PASSES once on the shared program, first."""
+    from models import MLP
+
+    res = dx.export(MLP(), (torch.randn(2, 16),), out_dir=tmp_path, name="m", optimize=True)
+    assert not res.errors
+    names = [t.name for t in res.program.transforms]
+    assert len(names) == len(DEFAULT_PASSES)
+    assert res.program.decomposed["onnx"].state_dict is res.program.state_dict
+    assert dx.compare(res).ok
+    res.verify_weights()

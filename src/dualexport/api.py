@@ -165,6 +165,7 @@ def export(
     calibration: Iterable[tuple[Any, ...]] | None = None,
     strict: bool = False,
     require_full_delegation: bool = False,
+    optimize: bool = False,
     options: ExportOptions | None = None,
 ) -> ExportResult:
     """Trace once, transform once, lower to each target from the one shared program, write
@@ -185,7 +186,7 @@ def export(
                              dynamic_shapes=dynamic_shapes, transforms=transforms,
                              quantize=quantize, calibration=calibration, strict=strict,
                              options=options or ExportOptions(),
-                             require_full_delegation=require_full_delegation)
+                             require_full_delegation=require_full_delegation, optimize=optimize)
     return _committed(res, tx)
 
 
@@ -200,9 +201,16 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
                    targets: tuple[str, ...], out: pathlib.Path, name: str, dynamic_shapes: Any,
                    transforms: Sequence[Callable[..., Any]], quantize: str | None,
                    calibration: Iterable[tuple[Any, ...]] | None, strict: bool,
-                   options: ExportOptions, require_full_delegation: bool = False) -> ExportResult:
+                   options: ExportOptions, require_full_delegation: bool = False,
+                   optimize: bool = False) -> ExportResult:
     t0 = time.perf_counter()
     shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
+    if optimize:
+        # Shared-program passes (constant folding, XNNPACK-friendly rewrites): applied once,
+        # before the user's transforms, so both targets get them.
+        from .shared_state.passes import DEFAULT_PASSES
+
+        transforms = (*DEFAULT_PASSES, *transforms)
     if transforms:
         shared.apply_transforms(transforms)
     if quantize is not None:

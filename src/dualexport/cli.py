@@ -159,7 +159,8 @@ def _cmd_export(ns: argparse.Namespace) -> int:
         raise InputError("at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32")
     args = tuple(make_input(*parse_input_spec(s), seed=i) for i, s in enumerate(ns.input))
     with console.status(f"exporting {ns.model} to {ns.target} ..."):
-        res = api.export(model, args, target=ns.target, out_dir=ns.out, name=ns.name, strict=ns.strict)
+        res = api.export(model, args, target=ns.target, out_dir=ns.out, name=ns.name, strict=ns.strict,
+                         optimize=ns.optimize)
     for t, art in res.artifacts.items():
         console.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
     for t, err in res.errors.items():
@@ -218,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--compare", action="store_true", help="run the parity check after export")
     e.add_argument("--strict", action="store_true",
                    help="fail (exit 3) when any target fails, and keep the previous artifacts")
+    e.add_argument("--optimize", action="store_true",
+                   help="apply the shared-program passes (constant folding, XNNPACK-friendly rewrites)")
     e.set_defaults(func=_cmd_export)
     c = sub.add_parser("compare", help="re-run the weight and parity checks on a folder")
     c.add_argument("dir")
