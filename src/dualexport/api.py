@@ -27,6 +27,7 @@ from .errors import (
     XnnpackLoweringError,
 )
 from .exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter, normalize_targets
+from .exporters.cache import link_previous_files, previous_manifest, target_cache_key
 from .outputs import atomic_write_text, check_name, commit_files, prepare_out_dir, staging_dir
 from .outputs.commit import ArtifactSet, artifact_set
 from .validation import check_full_delegation, estimate_export_bytes, validate_export_request
@@ -111,6 +112,44 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
     return art, lowered
 
 
+def _reuse_target(shared: SharedProgram, target: str, key: str, prev: WeightManifest,
+                  previous: pathlib.Path, out: pathlib.Path, name: str) -> Artifact | None:
+    """A cache hit: the previous set holds this target's artifact for the very same program.
+
+    The files are linked into the new set and proven from disk against the previous manifest;
+    the target's decomposition still runs, so ``program.decomposed`` is complete and linked.
+    """
+    info = prev.artifacts.get(target)
+    if not info or info.get("cache_key") != key:
+        return None
+    start = time.perf_counter()
+    try:
+        for e in build_entries(shared.exported_program, shared.weight_digests()):
+            if prev.entry(e.name).sha256 != e.sha256:
+                return None
+    except KeyError:
+        return None
+    files = link_previous_files(previous, out, list(info["files"]))
+    if files is None:
+        return None
+    single = WeightManifest(prev.entries, {target: info}, prev.versions, prev.program)
+    try:
+        verify_manifest(single, out, holder_tensors(shared.exported_program))
+    except DualExportError as exc:
+        logger.warning("cached %s artifact does not verify, lowering again: %s", target, exc)
+        for f in files:
+            f.unlink(missing_ok=True)
+        return None
+    with shared.guard(target):
+        shared.decompose(target, get_exporter(target).decompose)
+    delegation = DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
+    main = out / info["file"]
+    logger.info("%s: reused %s (cache key %s...)", target, info["file"], key[:12])
+    return Artifact(target=target, path=main, files=(main, *[f for f in files if f != main]),
+                    ops=tuple(info.get("ops", ())), seconds=time.perf_counter() - start,
+                    delegation=delegation, details={"cached": True, "cache_key": key})
+
+
 def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
     """Load the artifact from disk in its runtime and run it once on the example inputs."""
     from .runtimes import open_runner
@@ -124,14 +163,16 @@ def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
 
 
 def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
-              lowered: Mapping[str, LoweredTarget], name: str) -> WeightManifest:
+              lowered: Mapping[str, LoweredTarget], name: str, keys: Mapping[str, str],
+              reused: Mapping[str, WeightManifest]) -> WeightManifest:
     program = shared.exported_program
     digests = shared.weight_digests()
     entries = build_entries(program, digests)
     tensors = holder_tensors(program)
     stores: dict[str, Any] = {}
     for target, art in artifacts.items():
-        stores[target] = read_onnx(art.path) if target == "onnx" else read_pte(art.path)
+        if target not in reused:
+            stores[target] = read_onnx(art.path) if target == "onnx" else read_pte(art.path)
     located = []
     for e in entries:
         locs = {}
@@ -141,11 +182,16 @@ def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
                 locs[target] = locate_onnx(e, store, notes)
             else:
                 locs[target] = locate_pte(e, tensors.get(e.name), store, notes)
-        located.append(type(e)(**{**e.__dict__, "locations": locs}))
+        for target, prev in reused.items():  # same program, same key: the same locations
+            locs[target] = prev.entry(e.name).locations[target]
+        located.append(type(e)(**{**e.__dict__, "locations": {t: locs[t] for t in artifacts}}))
     fp = shared.fingerprint(rehash=False)
     return WeightManifest(
         entries=tuple(located),
-        artifacts={t: {"file": a.path.name, "files": [f.name for f in a.files]} for t, a in artifacts.items()},
+        artifacts={t: {"file": a.path.name, "files": [f.name for f in a.files], "cache_key": keys.get(t),
+                       "ops": list(a.ops),
+                       "delegation": a.delegation.to_dict() if a.delegation is not None else None}
+                   for t, a in artifacts.items()},
         versions=library_versions(),
         program={"graph_sha256": fp.graph, "shapes_sha256": fp.shapes, "file": f"{name}.pt2"},
     )
@@ -166,6 +212,7 @@ def export(
     strict: bool = False,
     require_full_delegation: bool = False,
     optimize: bool = False,
+    cache: bool = True,
     options: ExportOptions | None = None,
 ) -> ExportResult:
     """Trace once, transform once, lower to each target from the one shared program, write
@@ -186,7 +233,8 @@ def export(
                              dynamic_shapes=dynamic_shapes, transforms=transforms,
                              quantize=quantize, calibration=calibration, strict=strict,
                              options=options or ExportOptions(),
-                             require_full_delegation=require_full_delegation, optimize=optimize)
+                             require_full_delegation=require_full_delegation, optimize=optimize,
+                             previous=tx.out_dir if cache else None)
     return _committed(res, tx)
 
 
@@ -202,7 +250,7 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
                    transforms: Sequence[Callable[..., Any]], quantize: str | None,
                    calibration: Iterable[tuple[Any, ...]] | None, strict: bool,
                    options: ExportOptions, require_full_delegation: bool = False,
-                   optimize: bool = False) -> ExportResult:
+                   optimize: bool = False, previous: pathlib.Path | None = None) -> ExportResult:
     t0 = time.perf_counter()
     shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
     if optimize:
@@ -222,7 +270,18 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
     artifacts: dict[str, Artifact] = {}
     lowered: dict[str, LoweredTarget] = {}
     errors: dict[str, DualExportError] = {}
+    fp = shared.fingerprint(rehash=False)
+    keys = {t: target_cache_key(fp, t, options, {"require_full_delegation": require_full_delegation})
+            for t in targets}
+    prev = previous_manifest(previous, name) if previous is not None else None
+    reused: dict[str, WeightManifest] = {}
     for t in targets:
+        hit = _reuse_target(shared, t, keys[t], prev, previous, out, name) if prev is not None else None
+        if hit is not None:
+            artifacts[t] = hit
+            reused[t] = prev
+            seconds[t] = hit.seconds
+            continue
         try:
             artifacts[t], lowered[t] = _lower_target(shared, t, out, name, options,
                                                      require_full_delegation=require_full_delegation)
@@ -234,7 +293,7 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
             errors[t] = InternalError(f"{t}: {type(exc).__name__}: {exc}", target=t)
             errors[t].__cause__ = exc
             logger.error("%s", errors[t])
-    manifest = _manifest(shared, artifacts, lowered, name)
+    manifest = _manifest(shared, artifacts, lowered, name, keys, reused)
     if artifacts:
         atomic_write_text(out / f"{name}.weights.json", manifest.to_json())
         with staging_dir(out) as staging:

@@ -1,0 +1,56 @@
+"""Cached re-export of an unchanged model against a cold export (issue 6: aim <= 0.2).
+
+Cold: `dx.export(..., cache=False)` into a fresh folder. Warm: `dx.export` again into the folder
+that already holds the set for the same traced program (the cache key hashes graph, weights,
+shape ranges, options and versions; the reused files are re-verified from disk). Also prints the
+cost of a weights-only change (a miss: full lowering). Usage: python bench/bench_cache.py
+"""
+
+from __future__ import annotations
+
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+
+def main() -> None:
+    import torch
+
+    import dualexport as dx
+    from _models import encoder
+
+    model, args = encoder()
+    cold, warm = [], []
+    with tempfile.TemporaryDirectory() as d:
+        out = pathlib.Path(d)
+        dx.export(model, args, out_dir=out / "warmup", name="m", cache=False)
+        for i in range(3):
+            t = time.perf_counter()
+            dx.export(model, args, out_dir=out / f"cold{i}", name="m", cache=False)
+            cold.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            res = dx.export(model, args, out_dir=out / f"cold{i}", name="m")
+            warm.append(time.perf_counter() - t)
+            assert all(a.details.get("cached") for a in res.artifacts.values())
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] += 1.0
+        t = time.perf_counter()
+        res = dx.export(model, args, out_dir=out / "cold0", name="m")
+        changed = time.perf_counter() - t
+        assert not any(a.details.get("cached") for a in res.artifacts.values())
+    med = statistics.median
+    print("TransformerEncoder (bench/_models.encoder), 3 repeats")
+    print(f"cold export  : min {min(cold):.2f} s / median {med(cold):.2f} s / max {max(cold):.2f} s")
+    print(f"cached export: min {min(warm):.2f} s / median {med(warm):.2f} s / max {max(warm):.2f} s")
+    print(f"cached/cold ratio: median {med(warm) / med(cold):.2f}x "
+          f"(min {min(warm) / min(cold):.2f}x, max {max(warm) / max(cold):.2f}x)")
+    print(f"weights-only change (cache miss, full lowering): {changed:.2f} s "
+          f"= {changed / med(cold):.2f}x cold")
+
+
+if __name__ == "__main__":
+    main()
