@@ -10,8 +10,10 @@ non-delegated constants sit in the program's constant buffer.
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ArtifactFormatError, ArtifactIOError
 from ..outputs.paths import safe_child
@@ -30,17 +32,20 @@ class OnnxTensors:
 
 @dataclass
 class PteTensors:
-    """Named data (key -> bytes) and constant buffers of a .pte, with lazy prefix digests."""
+    """Named data (key -> sha256 of the stored bytes) and constant buffers of a .pte.
 
-    named: dict[str, bytes]
-    constant_buffers: list[bytes]
-    raw: bytes = b""
+    Only digests of the named blobs are kept (they hold most of the weights), so reading a
+    large artifact back costs about one copy of the file, not three.
+    """
+
+    named: dict[str, str]
+    constant_buffers: list[memoryview]
+    raw: Any = b""  # the mapped file (mmap: find/slice like bytes)
     _prefix_cache: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
 
     def named_ok(self, key: str) -> bool:
         """The named blob exists and its bytes still hash to its key (XNNPACK's keying rule)."""
-        blob = self.named.get(key)
-        return blob is not None and hashlib.sha256(blob).hexdigest() == key
+        return self.named.get(key) == key
 
     def constant_sha(self, index: int, nbytes: int) -> str | None:
         """sha256 of the first ``nbytes`` of constant buffer ``index`` (buffers are padded)."""
@@ -146,24 +151,31 @@ def check_pte_header(path: pathlib.Path, data: bytes) -> None:
 def read_pte(path: pathlib.Path) -> PteTensors:
     from executorch.exir._serialize._program import deserialize_pte_binary
 
+    import mmap
+
     path = pathlib.Path(path)
     try:
-        data = path.read_bytes()
+        # Mapped, not read: ExecuTorch's deserializer slices a memoryview without copying, so
+        # reading a large .pte back costs page cache, not another copy of the weights.
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except OSError as exc:
         raise ArtifactIOError(f"cannot read {path.name}: {exc.strerror}",
                               hint="re-export into the folder") from exc
     check_pte_header(path, data)
     try:
-        pte = deserialize_pte_binary(data)
+        pte = deserialize_pte_binary(memoryview(data))
     except Exception as exc:
         raise ArtifactFormatError(f"{path.name} is not a readable ExecuTorch program: {exc}",
                                   hint="re-export; the file may be truncated or not a .pte file") from exc
-    named: dict[str, bytes] = {}
+    named: dict[str, str] = {}
     nd = pte.named_data
     if nd is not None:
         for key, entry in nd.pte_data.items():
-            named[key] = bytes(nd.buffers[entry.buffer_index])
-    constants = [bytes(b.storage) for b in pte.program.constant_buffer]
+            named[key] = hashlib.sha256(nd.buffers[entry.buffer_index]).hexdigest()
+    constants = [memoryview(b.storage) for b in pte.program.constant_buffer]
     # Mutable buffers (state) are stored with their initial values in the mutable segment.
-    constants += [bytes(b.storage) for b in (pte.mutable_data or [])]
+    constants += [memoryview(b.storage) for b in (pte.mutable_data or [])]
+    del pte, nd
     return PteTensors(named=named, constant_buffers=constants, raw=data)
