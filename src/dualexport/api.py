@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ._memory import release_memory
 from ._versions import library_versions
 from .errors import (
     DualExportError,
@@ -95,6 +96,7 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
                 raise _LOWERING_ERRORS[target](
                     f"lowering failed: {type(exc).__name__}: {exc}", target=target,
                     hint="see the chained exception") from exc
+            release_memory()  # the lowering's garbage must not stack under the smoke run
             if require_full_delegation and target == "xnnpack":
                 check_full_delegation(lowered.delegation, decomposed)
             _smoke_run(shared, target, lowered.files[0])
@@ -155,7 +157,7 @@ def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
     from .runtimes import open_runner
     from .runtimes.eager import flatten_inputs
 
-    runner = open_runner(target, path)
+    runner = open_runner(target, path, lean=True)
     flat = flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs)
     outs = runner.run(flat)
     if not outs:

@@ -9,12 +9,13 @@ from .base import Runner
 __all__ = ["Runner", "open_runner"]
 
 
-def open_runner(target: str, path: pathlib.Path) -> Runner:
-    """Load the artifact for ``target``; imports only that runtime."""
+def open_runner(target: str, path: pathlib.Path, *, lean: bool = False) -> Runner:
+    """Load the artifact for ``target``; imports only that runtime. ``lean`` trades speed for
+    memory where the runtime allows (used by the export's one smoke run)."""
     if target == "onnx":
         from .ort import OrtRunner
 
-        return OrtRunner(path)
+        return OrtRunner(path, lean=lean)
     if target == "xnnpack":
         from .executorch import ExecuTorchRunner
 

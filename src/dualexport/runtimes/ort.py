@@ -18,11 +18,16 @@ class OrtRunner:
 
     name = "onnx"
 
-    def __init__(self, path: pathlib.Path, *, intra_op_threads: int | None = None) -> None:
+    def __init__(self, path: pathlib.Path, *, intra_op_threads: int | None = None,
+                 lean: bool = False) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if lean:
+            # The export's smoke run only proves the file loads and runs: no weight prepacking
+            # (a second copy of every GEMM weight), so it does not set the export's memory peak.
+            opts.add_session_config_entry("session.disable_prepacking", "1")
         opts.log_severity_level = 3
         if intra_op_threads:
             opts.intra_op_num_threads = intra_op_threads
