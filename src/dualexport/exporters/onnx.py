@@ -49,6 +49,15 @@ def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.
     return out
 
 
+def _user_input_names(program: ExportedProgram) -> list[str]:
+    from torch.export.graph_signature import InputKind
+
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    return [s.arg.name for s in program.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT and isinstance(nodes.get(s.arg.name, None) and
+                                                             nodes[s.arg.name].meta.get("val"), torch.Tensor)]
+
+
 def _make_state_explicit(program: ExportedProgram) -> None:
     """Turn mutated buffers into explicit state: a graph input and an output per buffer.
 
@@ -146,10 +155,18 @@ class OnnxExporter:
                                                                   decomposed.constants.get(item["buffer"])).detach().clone().numpy(), name=item["input"])
             model.graph.register_initializer(value)
             item["output"] = model.graph.outputs[item["output_index"]].name
-        if state:
-            import json
+        import json
 
+        from ..parity.inputs import input_specs
+
+        if state:
             model.metadata_props["dualexport.state"] = json.dumps(state)
+        # The exported dim ranges travel with the file (ONNX cannot state them); our runner and
+        # any consumer can refuse out-of-range inputs instead of computing garbage.
+        specs = input_specs(decomposed)
+        state_inputs = {s["input"] for s in state}
+        user_specs = [sp for sp, name in zip(specs, _user_input_names(decomposed)) if name not in state_inputs]
+        model.metadata_props["dualexport.input_ranges"] = json.dumps(user_specs)
         RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
 

@@ -19,7 +19,37 @@ from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, we
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 
-__all__ = ["XnnpackExporter", "weight_notes"]
+__all__ = ["XnnpackExporter", "weight_notes", "RANGES_METHOD", "encode_input_ranges", "decode_input_ranges"]
+
+#: A constant method in the .pte returning the exported input ranges (ExecuTorch refuses inputs
+#: above the maximum on its own, but runs inputs below the minimum).
+RANGES_METHOD = "dualexport_input_ranges"
+
+
+def encode_input_ranges(program: ExportedProgram) -> list[int]:
+    """[n_inputs, (ndim, (lo, hi) * ndim) * n_inputs]; hi = -1 for unbounded."""
+    from ..parity.inputs import input_specs
+
+    specs = input_specs(program)
+    out = [len(specs)]
+    for spec in specs:
+        out.append(len(spec["dims"]))
+        for d in spec["dims"]:
+            lo, hi = (d, d) if isinstance(d, int) else (d[0], -1 if d[1] is None else d[1])
+            out += [int(lo), int(hi)]
+    return out
+
+
+def decode_input_ranges(flat: list[int]) -> list[list[tuple[int, int | None]]]:
+    it = iter(flat)
+    out = []
+    for _ in range(next(it)):
+        dims = []
+        for _ in range(next(it)):
+            lo, hi = next(it), next(it)
+            dims.append((lo, None if hi < 0 else hi))
+        out.append(dims)
+    return out
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +157,9 @@ class XnnpackExporter:
         from executorch.exir import to_edge_transform_and_lower
 
         try:
-            edge = to_edge_transform_and_lower(decomposed, partitioner=[_xnnpack_partitioner()])
+            edge = to_edge_transform_and_lower(
+                decomposed, partitioner=[_xnnpack_partitioner()],
+                constant_methods={RANGES_METHOD: encode_input_ranges(decomposed)})
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
         lowered = edge.exported_program()

@@ -58,48 +58,75 @@ def _bound(value: object) -> int | None:
         return None
 
 
-def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch.Tensor], label: str) -> None:
-    """Refuse inputs the exported program was not traced for, naming the dim and its range.
+InputSpec = dict  # {"dtype": str, "dims": [int | [lo, hi|None], ...]}
 
-    Why: outside a declared Dim range the eager reference fails with a bare guard assertion and
-    the runtimes may silently accept the input (a batch below the minimum runs everywhere), so
-    nothing downstream would say what is wrong.
+
+def input_specs(program: "torch.export.ExportedProgram") -> list[InputSpec]:
+    """Per user tensor input: dtype and, per dim, its static size or its exported [lo, hi] range.
+
+    Written into the ONNX model's metadata (``dualexport.input_ranges``) so the range survives
+    with the file: ONNX itself has no way to state or enforce it.
     """
     from torch.export.graph_signature import InputKind
 
-    from ..errors import InputError
-
     user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
     nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    vals = [nodes[n].meta.get("val") for n in user if n in nodes]
-    vals = [v for v in vals if isinstance(v, torch.Tensor)]
-    if len(vals) != len(flat):
-        raise InputError(f"{label}: the program takes {len(vals)} tensor inputs, got {len(flat)}",
+    specs: list[InputSpec] = []
+    for name in user:
+        fake = nodes[name].meta.get("val") if name in nodes else None
+        if not isinstance(fake, torch.Tensor):
+            continue
+        dims: list = []
+        for size in fake.shape:
+            if isinstance(size, int):
+                dims.append(size)
+                continue
+            rng = program.range_constraints.get(size.node.expr)
+            dims.append([(_bound(rng.lower) or 0) if rng is not None else 0,
+                         _bound(rng.upper) if rng is not None else None])
+        specs.append({"dtype": str(fake.dtype).replace("torch.", ""), "dims": dims})
+    return specs
+
+
+def check_against_specs(specs: list[InputSpec], flat: list[torch.Tensor], label: str) -> None:
+    """Refuse inputs outside what the program was exported for, naming the dim and its range.
+
+    Why: outside a declared Dim range the eager reference fails with a bare guard assertion,
+    ONNX Runtime accepts any size, and ExecuTorch accepts sizes below the minimum and rejects
+    those above the maximum with an error code; nothing downstream would say what is wrong.
+    """
+    from ..errors import InputError
+
+    if len(specs) != len(flat):
+        raise InputError(f"{label}: the program takes {len(specs)} tensor inputs, got {len(flat)}",
                          hint="pass inputs with the structure of the example inputs")
-    for i, (fake, t) in enumerate(zip(vals, flat)):
-        if fake.dim() != t.dim():
-            raise InputError(f"{label}: input {i} has {t.dim()} dims, the program takes {fake.dim()}",
-                             hint=f"use shape like {tuple(fake.shape)}")
-        if t.dtype != fake.dtype:
-            raise InputError(f"{label}: input {i} is {t.dtype}, the program takes {fake.dtype}",
-                             hint=f"convert it with .to({fake.dtype})")
-        for d, (size, actual) in enumerate(zip(fake.shape, t.shape)):
+    for i, (spec, t) in enumerate(zip(specs, flat)):
+        dims = spec["dims"]
+        if len(dims) != t.dim():
+            raise InputError(f"{label}: input {i} has {t.dim()} dims, the program takes {len(dims)}",
+                             hint=f"use a shape like {dims}")
+        want = spec["dtype"]
+        if str(t.dtype).replace("torch.", "") != want:
+            raise InputError(f"{label}: input {i} is {t.dtype}, the program takes {want}",
+                             hint=f"convert it with .to(torch.{want})")
+        for d, (size, actual) in enumerate(zip(dims, t.shape)):
             if isinstance(size, int):
                 if size != actual:
                     raise InputError(
                         f"{label}: input {i} dim {d} is {actual}, but it was exported static at {size}",
                         hint="declare the dim dynamic with torch.export.Dim in dynamic_shapes")
                 continue
-            expr = size.node.expr
-            rng = program.range_constraints.get(expr)
-            if rng is None:
-                continue
-            lo, hi = _bound(rng.lower) or 0, _bound(rng.upper)
+            lo, hi = size
             if actual < lo or (hi is not None and actual > hi):
                 raise InputError(
-                    f"{label}: input {i} dim {d} ({expr}) is {actual}, outside the exported range "
+                    f"{label}: input {i} dim {d} is {actual}, outside the exported range "
                     f"[{lo}, {hi if hi is not None else 'inf'}]",
                     hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range")
+
+
+def check_input_shapes(program: "torch.export.ExportedProgram", flat: list[torch.Tensor], label: str) -> None:
+    """:func:`check_against_specs` with the specs read off ``program``."""
+    check_against_specs(input_specs(program), flat, label)
 
 
 def generate_input_sets(flat: list[torch.Tensor], *, seeds: int = 3) -> list[tuple[str, list[torch.Tensor]]]:

@@ -20,6 +20,12 @@ class ExecuTorchRunner:
         try:
             self.program = Runtime.get().load_program(str(path))
             self.method = self.program.load_method(method)
+            self.ranges = None
+            from ..exporters.xnnpack import RANGES_METHOD, decode_input_ranges
+
+            if RANGES_METHOD in set(self.program.method_names):
+                encoded = self.program.load_method(RANGES_METHOD).execute([])
+                self.ranges = decode_input_ranges([int(v) for v in encoded])
         except Exception as exc:
             raise RuntimeLoadError(
                 f"ExecuTorch could not load {path.name} (method {method!r}): {exc}",
@@ -28,7 +34,36 @@ class ExecuTorchRunner:
                 "truncated; re-export, or check the delegation report for non-delegated ops",
             ) from exc
 
+    def _check_upper_bounds(self, inputs: list[torch.Tensor]) -> None:
+        """ExecuTorch memory-plans each input at its exported maximum and refuses anything larger
+        with a bare error code, and runs inputs below the minimum; check both against the ranges
+        the exporter stored in the program, naming the dim."""
+        from ..errors import InputError
+
+        if self.ranges is not None:
+            for i, (dims, t) in enumerate(zip(self.ranges, inputs)):
+                for d, ((lo, hi), actual) in enumerate(zip(dims, t.shape)):
+                    if actual < lo or (hi is not None and actual > hi):
+                        raise InputError(
+                            f"input {i} dim {d} is {actual}, outside the exported range "
+                            f"[{lo}, {hi if hi is not None else 'inf'}]", target="xnnpack",
+                            hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range")
+
+        meta = self.method.metadata
+        for i, t in enumerate(inputs):
+            try:
+                sizes = list(meta.input_tensor_meta(i).sizes())
+            except Exception:  # metadata API differences: leave the check to the runtime
+                return
+            for d, (cap, actual) in enumerate(zip(sizes, t.shape)):
+                if actual > cap:
+                    raise InputError(
+                        f"input {i} dim {d} is {actual}, above the exported maximum {cap}",
+                        target="xnnpack",
+                        hint="re-export with a larger Dim(max=...) or pass a smaller input")
+
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        self._check_upper_bounds(inputs)
         try:
             outs = self.method.execute([t.detach().contiguous() for t in inputs])
         except Exception as exc:

@@ -50,6 +50,8 @@ class OrtRunner:
         self.all_inputs = [i.name for i in self.session.get_inputs()]
         self.input_names = [n for n in self.all_inputs if n not in state_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        ranges = meta.get("dualexport.input_ranges")
+        self.input_specs = json.loads(ranges) if ranges else None
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != len(self.input_names):
@@ -57,6 +59,10 @@ class OrtRunner:
                 f"the ONNX model takes {len(self.input_names)} inputs {self.input_names}, got {len(inputs)}",
                 target="onnx",
             )
+        if self.input_specs is not None:
+            from ..parity.inputs import check_against_specs
+
+            check_against_specs(self.input_specs, inputs, "onnx")
         feed = {n: np.ascontiguousarray(t.detach().cpu().numpy()) for n, t in zip(self.input_names, inputs)}
         feed.update(self.state)  # absent on the first call: the initializer default is used
         try:
