@@ -89,7 +89,7 @@ def test_input_above_a_dynamic_max_is_an_input_error(zoo_dir: pathlib.Path) -> N
     import dualexport as dx
 
     run = case_run(next(c for c in ZOO if c.name == "mlp"), zoo_dir)
-    with pytest.raises(dx.InputError, match=r"dim 0 .* is 9, outside the exported range \[2, 8\]"):
+    with pytest.raises(dx.InputError, match=r"dim 0 is 9, outside the exported range \[2, 8\]"):
         dx.compare(run.result, inputs=[(torch.randn(9, 16),)])
     with pytest.raises(dx.InputError, match=r"is 1, outside the exported range \[2, 8\]"):
         dx.compare(run.result, inputs=[(torch.randn(1, 16),)])  # below the min: runtimes accept it
