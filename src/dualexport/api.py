@@ -96,7 +96,8 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
                 raise _LOWERING_ERRORS[target](
                     f"lowering failed: {type(exc).__name__}: {exc}", target=target,
                     hint="see the chained exception") from exc
-            release_memory()  # the lowering's garbage must not stack under the smoke run
+            if _weight_bytes(shared) >= _RELEASE_MEMORY_ABOVE:
+                release_memory()  # the lowering's garbage must not stack under the smoke run
             if require_full_delegation and target == "xnnpack":
                 check_full_delegation(lowered.delegation, decomposed)
             _smoke_run(shared, target, lowered.files[0])
@@ -112,6 +113,15 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
                    details={**{k: v for k, v in lowered.details.items() if k != "kept_tensors"},
                             "kept_tensors": len(kept), "kept_not_shared": tuple(not_shared)})
     return art, lowered
+
+
+#: Below this many weight bytes a full garbage collection (~0.5 s on a transformer) costs more
+#: than the memory it returns.
+_RELEASE_MEMORY_ABOVE = 64 << 20
+
+
+def _weight_bytes(shared: SharedProgram) -> int:
+    return sum(t.numel() * t.element_size() for t in holder_tensors(shared.exported_program).values())
 
 
 def _reuse_target(shared: SharedProgram, target: str, key: str, prev: WeightManifest,
