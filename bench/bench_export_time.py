@@ -32,9 +32,9 @@ def main() -> None:
         out = pathlib.Path(tmp)
         runs = {
             "plain (onnx.export + export + lower)": lambda: plain_dual(model, args, out),
-            "dx.export": lambda: dx.export(model, args, out_dir=out / "dx", name="m", strict=True),
+            "dx.export": lambda: dx.export(model, args, out_dir=out / "dx", name="m", strict=True, cache=False),
             "dx.export + DEFAULT_PASSES": lambda: dx.export(model, args, out_dir=out / "opt", name="m",
-                                                            transforms=DEFAULT_PASSES, strict=True),
+                                                            transforms=DEFAULT_PASSES, strict=True, cache=False),
         }
         acc: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(REPEATS):  # interleaved, so machine load hits every path alike

@@ -43,7 +43,7 @@ if {mode!r} == "plain":
     plain_onnx(model, args, out / "plain.onnx")
     plain_pte(model, args, out / "plain.pte")
 else:
-    res = dx.export(model, args, out_dir=out, name="m", strict=True)
+    res = dx.export(model, args, out_dir=out, name="m", strict=True, cache=False)
 print(json.dumps({{"base": base, "peak": peak_rss_mb(), "weights": weight_bytes(model)}}))
 """
 
