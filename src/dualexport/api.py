@@ -34,7 +34,7 @@ from .outputs.commit import ArtifactSet, artifact_set
 from .validation import check_full_delegation, estimate_export_bytes, validate_export_request
 from .parity.compare import run_parity
 from .parity.report import ParityReport
-from .shared_state import SharedProgram
+from .shared_state import ProgramFingerprint, SharedProgram
 from .weights import WeightCheck, WeightManifest, verify_manifest
 from .weights.locate import build_entries, holder_tensors, locate_onnx, locate_pte
 from .weights.readers import read_onnx, read_pte
@@ -135,18 +135,14 @@ def _reuse_target(shared: SharedProgram, target: str, key: str, prev: WeightMani
     if not info or info.get("cache_key") != key:
         return None
     start = time.perf_counter()
-    try:
-        for e in build_entries(shared.exported_program, shared.weight_digests()):
-            if prev.entry(e.name).sha256 != e.sha256:
-                return None
-    except KeyError:
-        return None
     files = link_previous_files(previous, out, list(info["files"]))
     if files is None:
         return None
+    # The key already covers every weight's digest, so the holder needs no rehash: only the
+    # linked files are re-read and checked against the previous manifest.
     single = WeightManifest(prev.entries, {target: info}, prev.versions, prev.program)
     try:
-        verify_manifest(single, out, holder_tensors(shared.exported_program))
+        verify_manifest(single, out, None)
     except DualExportError as exc:
         logger.warning("cached %s artifact does not verify, lowering again: %s", target, exc)
         for f in files:
@@ -176,7 +172,7 @@ def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
 
 def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
               lowered: Mapping[str, LoweredTarget], name: str, keys: Mapping[str, str],
-              reused: Mapping[str, WeightManifest]) -> WeightManifest:
+              reused: Mapping[str, WeightManifest], fp: ProgramFingerprint) -> WeightManifest:
     program = shared.exported_program
     digests = shared.weight_digests()
     entries = build_entries(program, digests)
@@ -197,7 +193,6 @@ def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
         for target, prev in reused.items():  # same program, same key: the same locations
             locs[target] = prev.entry(e.name).locations[target]
         located.append(type(e)(**{**e.__dict__, "locations": {t: locs[t] for t in artifacts}}))
-    fp = shared.fingerprint(rehash=False)
     return WeightManifest(
         entries=tuple(located),
         artifacts={t: {"file": a.path.name, "files": [f.name for f in a.files], "cache_key": keys.get(t),
@@ -305,12 +300,10 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
             errors[t] = InternalError(f"{t}: {type(exc).__name__}: {exc}", target=t)
             errors[t].__cause__ = exc
             logger.error("%s", errors[t])
-    manifest = _manifest(shared, artifacts, lowered, name, keys, reused)
+    manifest = _manifest(shared, artifacts, lowered, name, keys, reused, fp)
     if artifacts:
         atomic_write_text(out / f"{name}.weights.json", manifest.to_json())
-        with staging_dir(out) as staging:
-            shared.save(str(staging / f"{name}.pt2"))
-            commit_files((staging / f"{name}.pt2",), out)
+        shared.save(str(out / f"{name}.pt2"))  # ``out`` is the set's staging folder
         from .parity.inputs import save_inputs
         from .runtimes.eager import flatten_inputs
 
@@ -330,40 +323,6 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
     return res
 
 
-def _input_sets(program: Any, inputs: Any) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-    """User inputs: a list of argument tuples (or (args, kwargs) pairs), or a .npz/.pt file."""
-    if inputs is None:
-        return []
-    if isinstance(inputs, (str, os.PathLike)):
-        from .parity.inputs import load_input_file
-
-        return [(f"file{i}", *_unflatten(program, flat)) for i, flat in enumerate(load_input_file(pathlib.Path(inputs)))]
-    sets = []
-    for i, item in enumerate(inputs):
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], dict) and isinstance(item[0], tuple):
-            sets.append((f"input{i}", item[0], item[1]))
-        elif isinstance(item, tuple):
-            sets.append((f"input{i}", item, {}))
-        else:
-            raise InputError(f"inputs[{i}] must be a tuple of arguments, got {type(item).__name__}",
-                             hint="pass inputs=[(x1,), (x2,)]")
-    return sets
-
-
-def _unflatten(program: Any, flat: list[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from torch.utils import _pytree as pytree
-
-    spec = program.call_spec.in_spec
-    if spec is None:
-        return tuple(flat), {}
-    try:
-        args, kwargs = pytree.tree_unflatten(list(flat), spec)
-    except Exception as exc:
-        raise InputError(f"{len(flat)} input tensors do not fit the program's inputs: {exc}",
-                         hint="give one tensor per input, in the order of the example inputs") from exc
-    return tuple(args), dict(kwargs)
-
-
 def compare(res: ExportResult, inputs: Iterable[Any] | str | os.PathLike | None = None, *,
             rtol: float | None = None, atol: float | None = None, steps: int = 1,
             tolerances: Mapping[int, tuple[float, float]] | None = None,
@@ -374,16 +333,13 @@ def compare(res: ExportResult, inputs: Iterable[Any] | str | os.PathLike | None 
     index ``(rtol, atol)``, over the table's defaults. ``generate``: that many extra random seeds,
     plus large-magnitude and all-zero sets shaped like the example (integer inputs stay in range).
     """
-    from .parity.inputs import generate_input_sets
+    from .parity.inputs import extra_input_sets
     from .runtimes.eager import flatten_inputs
 
     shared = res.program
+    example_flat = flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs)
     sets = [("example", shared.example_args, shared.example_kwargs)]
-    sets += _input_sets(shared.exported_program, inputs)
-    if generate:
-        example_flat = flatten_inputs(shared.exported_program, shared.example_args, shared.example_kwargs)
-        sets += [(label, *_unflatten(shared.exported_program, flat))
-                 for label, flat in generate_input_sets(example_flat, seeds=generate)]
+    sets += extra_input_sets(shared.exported_program, example_flat, inputs, generate)
     paths = {t: a.path for t, a in res.artifacts.items()}
     if not paths:
         raise InputError("no artifact to compare: every target failed",

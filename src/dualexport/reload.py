@@ -27,7 +27,7 @@ from .outputs.commit import journal_path, recover
 from .outputs.lock import export_lock
 from .outputs.paths import check_name, safe_child
 from .parity.compare import run_parity
-from .parity.inputs import load_inputs
+from .parity.inputs import extra_input_sets, load_inputs, unflatten_inputs
 from .parity.report import ParityReport
 from .weights import WeightCheck, WeightManifest, verify_manifest
 from .weights.locate import holder_tensors
@@ -178,8 +178,6 @@ def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | 
                 atol: float | None = None, steps: int = 1, inputs: pathlib.Path | None = None,
                 generate: int = 0
                 ) -> tuple[ParityReport, WeightCheck | None, WeightMismatchError | None, str]:
-    from torch.utils import _pytree as pytree
-
     folder = pathlib.Path(folder).resolve()
     name = find_name(folder, name)
     with _reading(folder, name):
@@ -193,25 +191,13 @@ def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | 
         except WeightMismatchError as exc:
             werr = exc
         flat = load_inputs(safe_child(folder, f"{name}.inputs.npz", what="the example inputs"))
-        spec = program.call_spec.in_spec
         try:
-            args, kwargs = pytree.tree_unflatten(flat, spec) if spec is not None else (tuple(flat), {})
-        except Exception as exc:
+            args, kwargs = unflatten_inputs(program, flat)
+        except InputError as exc:
             raise ArtifactFormatError(f"{name}.inputs.npz does not fit the program's inputs: {exc}",
                                       hint="re-export; the inputs file belongs to another export") from exc
-        sets = [("example", tuple(args), dict(kwargs))]
-        extra: list[tuple[str, list]] = []
-        if inputs is not None:
-            from .parity.inputs import load_input_file
-
-            extra += [(f"file{i}", f) for i, f in enumerate(load_input_file(pathlib.Path(inputs)))]
-        if generate:
-            from .parity.inputs import generate_input_sets
-
-            extra += generate_input_sets(list(flat), seeds=generate)
-        for label, f in extra:
-            a, k = pytree.tree_unflatten(list(f), spec) if spec is not None else (tuple(f), {})
-            sets.append((label, tuple(a), dict(k)))
+        sets = [("example", args, kwargs)]
+        sets += extra_input_sets(program, flat, inputs, generate)
         report = run_parity(program, artifacts, sets, rtol=rtol, atol=atol, steps=steps)
     return report, check, werr, name
 

@@ -17,7 +17,7 @@ import torch
 
 from .errors import DelegationError, InputError
 
-__all__ = ["validate_export_request", "check_dynamic_shapes", "contiguous_inputs",
+__all__ = ["validate_export_request", "check_dynamic_shapes",
            "weight_bytes", "estimate_export_bytes", "check_full_delegation"]
 
 logger = logging.getLogger(__name__)
@@ -98,32 +98,6 @@ def _check_tensor(path: str, x: torch.Tensor) -> None:
         n = int((~torch.isfinite(x)).sum())
         raise InputError(f"{path} holds {n} NaN/Inf value(s)",
                          hint="use finite example inputs: parity metrics are meaningless on NaN/Inf")
-
-
-def contiguous_inputs(args: tuple[Any, ...], kwargs: Mapping[str, Any] | None
-                      ) -> tuple[tuple[Any, ...], dict[str, Any] | None, list[str]]:
-    """Contiguous copies of non-contiguous tensor inputs (top level and nested), and a note for
-    each one converted; for callers that prefer "convert and say so" to the refusal above."""
-    notes: list[str] = []
-
-    def conv(obj: Any, path: str) -> Any:
-        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_contiguous():
-            notes.append(f"{path} was not contiguous (strides {tuple(obj.stride())}): exported "
-                         "with a contiguous copy")
-            return obj.contiguous()
-        if isinstance(obj, tuple):
-            return tuple(conv(v, f"{path}[{i}]") for i, v in enumerate(obj))
-        if isinstance(obj, list):
-            return [conv(v, f"{path}[{i}]") for i, v in enumerate(obj)]
-        if isinstance(obj, dict):
-            return {k: conv(v, f"{path}[{k!r}]") for k, v in obj.items()}
-        return obj
-
-    new_args = conv(args, "args") if isinstance(args, tuple) else args
-    new_kwargs = conv(dict(kwargs), "kwargs") if isinstance(kwargs, Mapping) else kwargs
-    for n in notes:
-        logger.warning("%s", n)
-    return new_args, new_kwargs, notes
 
 
 def _check_quantize(quantize: Any, calibration: Any) -> None:

@@ -192,3 +192,49 @@ def load_input_file(path: pathlib.Path) -> list[list[torch.Tensor]]:
         raise ArtifactIOError(f"{path.name} holds {type(obj).__name__}, not tensors or tuples of tensors",
                               hint="save a tuple of tensors, or a list of such tuples")
     raise ArtifactIOError(f"unsupported input file {path.name}", hint="use .npz or .pt")
+
+
+def unflatten_inputs(program: "torch.export.ExportedProgram", flat: list[torch.Tensor]
+                     ) -> tuple[tuple, dict]:
+    """Flat input tensors back into (args, kwargs) by the program's input spec."""
+    from torch.utils import _pytree as pytree
+
+    from ..errors import InputError
+
+    spec = program.call_spec.in_spec
+    if spec is None:
+        return tuple(flat), {}
+    try:
+        args, kwargs = pytree.tree_unflatten(list(flat), spec)
+    except Exception as exc:
+        raise InputError(f"{len(flat)} input tensors do not fit the program's inputs: {exc}",
+                         hint="give one tensor per input, in the order of the example inputs") from exc
+    return tuple(args), dict(kwargs)
+
+
+def extra_input_sets(program: "torch.export.ExportedProgram", example_flat: list[torch.Tensor],
+                     inputs: object = None, generate: int = 0) -> list[tuple]:
+    """The input sets beyond the example: the user's (argument tuples, ``(args, kwargs)`` pairs,
+    or a .npz/.pt file) and, with ``generate``, the generated ones shaped like the example."""
+    import os
+
+    from ..errors import InputError
+
+    sets: list[tuple] = []  # (label, args, kwargs): what run_parity takes
+    if isinstance(inputs, (str, os.PathLike)):
+        sets += [(f"file{i}", *unflatten_inputs(program, flat))
+                 for i, flat in enumerate(load_input_file(pathlib.Path(inputs)))]
+    elif inputs is not None:
+        for i, item in enumerate(inputs):  # type: ignore[attr-defined]
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], tuple) \
+                    and isinstance(item[1], dict):
+                sets.append((f"input{i}", item[0], item[1]))
+            elif isinstance(item, tuple):
+                sets.append((f"input{i}", item, {}))
+            else:
+                raise InputError(f"inputs[{i}] must be a tuple of arguments, got {type(item).__name__}",
+                                 hint="pass inputs=[(x1,), (x2,)]")
+    if generate:
+        sets += [(label, *unflatten_inputs(program, flat))
+                 for label, flat in generate_input_sets(example_flat, seeds=generate)]
+    return sets

@@ -153,7 +153,6 @@ class SharedProgram:
         for fn in transforms:
             name, kind = transform_name(fn), transform_kind(fn)
             before = graph_digest(self._ep)
-            holder_sd, holder_consts = self._ep.state_dict, self._ep.constants
             start = time.perf_counter()
             try:
                 new_ep = run_transform(self._ep, fn)
@@ -167,8 +166,7 @@ class SharedProgram:
             if new_ep is not self._ep:
                 # A program transform made a new program: keep the one dict when weights are the
                 # same objects, exactly as for decompositions.
-                tmp_holder = _DictHolder(holder_sd, holder_consts)
-                report = link_state_dict(new_ep, tmp_holder)  # type: ignore[arg-type]
+                report = link_state_dict(new_ep, self._ep)
                 if not report.linked:
                     self.note(f"transform {name} changed weights: "
                               + ", ".join(f"{k} ({why})" for k, why in report.changes))
@@ -254,11 +252,3 @@ class SharedProgram:
     def save(self, path: str) -> None:
         """torch.export.save: loadable later without pickle by torch.export.load."""
         torch.export.save(self._ep, path)
-
-
-class _DictHolder:
-    """Minimal stand-in so link_state_dict can link against dicts a transform started from."""
-
-    def __init__(self, state_dict: dict, constants: dict) -> None:
-        self.state_dict = state_dict
-        self.constants = constants

@@ -9,7 +9,6 @@ a new ExportedProgram that replaces the shared one. Either way both targets are 
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,9 +120,3 @@ def run_transform(program: ExportedProgram, fn: Any) -> ExportedProgram:
             "and give new nodes a 'val' meta (run the pass on a copy to debug it)",
         ) from exc
     return out
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
