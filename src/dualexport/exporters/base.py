@@ -19,6 +19,8 @@ class ExportOptions:
 
     external_data_threshold: int = 1024  # bytes: larger ONNX initializers go to <name>.onnx.data
     onnx_opset: int | None = None
+    #: skip XNNPACK backend passes that cannot act on a subgraph (byte-identical .pte, faster)
+    prune_backend_passes: bool = True
 
 
 @dataclass(frozen=True)

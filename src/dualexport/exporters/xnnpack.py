@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 
 from ..errors import XnnpackLoweringError
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
+from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 
@@ -157,9 +158,10 @@ class XnnpackExporter:
         from executorch.exir import to_edge_transform_and_lower
 
         try:
-            edge = to_edge_transform_and_lower(
-                decomposed, partitioner=[_xnnpack_partitioner()],
-                constant_methods={RANGES_METHOD: encode_input_ranges(decomposed)})
+            with pruned_backend_passes(options.prune_backend_passes) as pruning:
+                edge = to_edge_transform_and_lower(
+                    decomposed, partitioner=[_xnnpack_partitioner()],
+                    constant_methods={RANGES_METHOD: encode_input_ranges(decomposed)})
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
         lowered = edge.exported_program()
@@ -185,7 +187,7 @@ class XnnpackExporter:
         return LoweredTarget(
             target=self.target, files=(path,), ops=ops, delegation=delegation,
             weight_notes=weight_notes(decomposed),
-            details={"kept_tensors": kept},
+            details={"kept_tensors": kept, "backend_passes": pruning()},
         )
 
 

@@ -20,6 +20,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from ..exporters.backend_passes import pruned_backend_passes
 from ..shared_state.nodes import op_name, user_frame
 from .metrics import Metrics, compute_metrics
 from .report import Divergence
@@ -125,7 +126,8 @@ def xnnpack_values(decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tens
 
     tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)],
                                               error_on_empty=False)
-    edge = to_edge_transform_and_lower(tapped, partitioner=[XnnpackPartitioner()])
+    with pruned_backend_passes():
+        edge = to_edge_transform_and_lower(tapped, partitioner=[XnnpackPartitioner()])
     strip_taps_(edge)
     buffer = edge.to_executorch().buffer
     method = Runtime.get().load_program(buffer).load_method("forward")

@@ -1,0 +1,157 @@
+"""Skip the XNNPACK backend passes that cannot change a delegated subgraph.
+
+Why: XNNPACK's ``preprocess`` runs 17 passes on every delegated subgraph, and each one rebuilds
+and re-verifies the ExportedProgram even when it found nothing to do; two of them also build
+pattern graphs (torch.export + to_edge) the first time they run in a process. On a 6-layer
+TransformerEncoder 13 of the 17 are no-ops and cost ~40% of the lowering. A pass is skipped only
+when the subgraph, as it is just before that pass, lacks an op the pass needs to act at all (read
+from the pass's source; the pattern passes' needs are checked against ExecuTorch's own patterns by
+tests/test_backend_passes.py, which also proves pruned and full lowerings write byte-identical
+.pte files). A pass this table does not name always runs, so a new ExecuTorch pass is never lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["PASS_NEEDS", "PassPruning", "pruned_backend_passes"]
+
+
+def _names(graph: torch.fx.Graph) -> set[str]:
+    return {getattr(n.target, "__name__", str(n.target)) for n in graph.nodes if n.op == "call_function"}
+
+
+def _any(*ops: str) -> Callable[[set[str]], bool]:
+    return lambda names: any(op in names for op in ops)
+
+
+def _all(*ops: str) -> Callable[[set[str]], bool]:
+    return lambda names: all(op in names for op in ops)
+
+
+def _quantized(names: set[str]) -> bool:
+    return any(n.startswith(("quantized_decomposed.", "torchao.")) for n in names)
+
+
+def _batch_norm(names: set[str]) -> bool:
+    return any("batch_norm" in n for n in names)
+
+
+#: Pass class name -> "the pass may change a graph holding these op names". Pattern passes
+#: (SubgraphMatcher) need every op their patterns share; the others act on one op kind each.
+PASS_NEEDS: dict[str, Callable[[set[str]], bool]] = {
+    "ConvertToUpsampleBilinear2d": _all("aten.upsample_bilinear2d.vec"),
+    "ConvertToSDPAPass": _all("aten._softmax.default", "aten.bmm.default"),
+    "ConvertToLinearPass": _any("aten.mm.default", "aten.addmm.default", "aten.bmm.default"),
+    "PropagateCustomMetaPass": _quantized,
+    "FuseBatchNormPass": _batch_norm,
+    "DecomposeBatchNorm": _batch_norm,
+    "DecomposeConcatenate": _any("aten.cat.default"),
+    "RemoveGetItemPass": _any("aten.max_pool2d_with_indices.default", "aten.max.dim"),
+    "InsertPadQDQPass": _any("aten.constant_pad_nd.default"),
+    "Conv1dUnsqueezePass": _any("aten.convolution.default"),
+    "PReLUReshapePass": _any("aten._prelu_kernel.default"),
+    "RemoveRedundantCopyPass": _any("aten._to_copy.default"),
+}
+
+
+@dataclass(frozen=True)
+class PassPruning:
+    """The backend passes one lowering ran and skipped, by class name, once per subgraph."""
+
+    ran: tuple[str, ...]
+    skipped: tuple[str, ...]
+
+    def counts(self) -> dict[str, int]:
+        return {"ran": len(self.ran), "skipped": len(self.skipped)}
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.skipped: list[str] = []
+
+    def result(self) -> PassPruning:
+        return PassPruning(tuple(self.ran), tuple(self.skipped))
+
+
+_local = threading.local()
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_original: Any = None
+
+
+def _pass_manager_class() -> type:
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager, XNNPACKPass
+    from executorch.exir.pass_base import ExportPass
+    from executorch.exir.program._program import _transform
+
+    class PrunedXNNPACKPassManager(XNNPACKPassManager):  # type: ignore[misc, valid-type]
+        """XNNPACKPassManager.transform, asking PASS_NEEDS before each pass."""
+
+        def transform(self) -> Any:
+            counter: _Counter | None = getattr(_local, "counter", None)
+            if counter is None:  # another thread's lowering, not ours: run everything
+                return super().transform()
+            ep = self.exported_program
+            for pass_ in self.passes:
+                needs = PASS_NEEDS.get(pass_.__name__)
+                if needs is not None and not needs(_names(ep.graph_module.graph)):
+                    counter.skipped.append(pass_.__name__)
+                    continue
+                counter.ran.append(pass_.__name__)
+                instance = pass_(ep) if issubclass(pass_, XNNPACKPass) else pass_()
+                if not isinstance(instance, (XNNPACKPass, ExportPass)):
+                    raise RuntimeError(f"unexpected XNNPACK pass type {type(instance).__name__}")
+                ep = _transform(ep, instance)
+            return ep
+
+    return PrunedXNNPACKPassManager
+
+
+@contextlib.contextmanager
+def pruned_backend_passes(enabled: bool = True) -> Iterator[Callable[[], PassPruning]]:
+    """Within the block, XNNPACK preprocess skips passes that cannot act (this thread only).
+
+    Yields a function returning what ran and what was skipped (nothing is recorded when
+    ``enabled`` is false: ExecuTorch's own manager runs every pass). The module attribute
+    ExecuTorch's preprocess reads is swapped while any enabled block is open, and restored when
+    the last one closes.
+    """
+    counter = _Counter()
+    if enabled:
+        _install()
+    outer, _local.counter = getattr(_local, "counter", None), counter if enabled else None
+    try:
+        yield counter.result
+    finally:
+        _local.counter = outer
+        if enabled:
+            _uninstall()
+
+
+def _install() -> None:
+    import executorch.backends.xnnpack.xnnpack_preprocess as prep
+
+    global _patch_depth, _original
+    with _patch_lock:
+        if _patch_depth == 0:
+            _original = prep.XNNPACKPassManager
+            prep.XNNPACKPassManager = _pass_manager_class()
+        _patch_depth += 1
+
+
+def _uninstall() -> None:
+    import executorch.backends.xnnpack.xnnpack_preprocess as prep
+
+    global _patch_depth
+    with _patch_lock:
+        _patch_depth -= 1
+        if _patch_depth == 0:
+            prep.XNNPACKPassManager = _original
