@@ -9,7 +9,7 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -29,6 +29,7 @@ from .errors import (
 )
 from .exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter, normalize_targets
 from .exporters.cache import link_previous_files, previous_manifest, target_cache_key
+from .exporters.forked import ForkedCall, parallel_worthwhile
 from .outputs import atomic_write_text, check_name, commit_files, prepare_out_dir, staging_dir
 from .outputs.commit import ArtifactSet, artifact_set
 from .validation import check_full_delegation, estimate_export_bytes, validate_export_request
@@ -83,36 +84,91 @@ def _lower_target(shared: SharedProgram, target: str, out_dir: pathlib.Path, nam
                   options: ExportOptions, *, require_full_delegation: bool = False
                   ) -> tuple[Artifact, LoweredTarget]:
     """Decompose, lower into a staging folder, smoke-run from disk, then commit the files."""
+    stages = _target_stages(shared, target, out_dir, name, options,
+                            require_full_delegation=require_full_delegation, fork=False)
+    next(stages)
+    return _finish(stages)
+
+
+def _finish(stages: Generator[None, None, tuple[Artifact, LoweredTarget]]) -> tuple[Artifact, LoweredTarget]:
+    try:
+        next(stages)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("target stages yield once")
+
+
+def _target_stages(shared: SharedProgram, target: str, out_dir: pathlib.Path, name: str,
+                   options: ExportOptions, *, require_full_delegation: bool, fork: bool
+                   ) -> Generator[None, None, tuple[Artifact, LoweredTarget]]:
+    """One target's export as stages: it yields once the lowering has started (in a forked
+    child when ``fork``), so the caller can do the other target's work meanwhile."""
     exporter = get_exporter(target)
     start = time.perf_counter()
     with shared.guard(target):
         decomposed = shared.decompose(target, exporter.decompose)
         with staging_dir(out_dir) as staging:
-            try:
-                lowered = exporter.lower(decomposed, staging, name, options)
-            except DualExportError:
-                raise
-            except Exception as exc:
-                raise _LOWERING_ERRORS[target](
-                    f"lowering failed: {type(exc).__name__}: {exc}", target=target,
-                    hint="see the chained exception") from exc
+            holder_ids = {id(t) for t in holder_tensors(shared.exported_program).values()}
+
+            def lower() -> LoweredTarget:
+                try:
+                    lowered = exporter.lower(decomposed, staging, name, options)
+                except DualExportError:
+                    raise
+                except Exception as exc:
+                    raise _LOWERING_ERRORS[target](
+                        f"lowering failed: {type(exc).__name__}: {exc}", target=target,
+                        hint="see the chained exception") from exc
+                return _summarize_kept(lowered, holder_ids)
+
+            forked = ForkedCall(lower, label=target) if fork else None
+            yield
+            lowered = (forked.result() if forked is not None else None) or lower()
             if _weight_bytes(shared) >= _RELEASE_MEMORY_ABOVE:
                 release_memory()  # the lowering's garbage must not stack under the smoke run
             if require_full_delegation and target == "xnnpack":
                 check_full_delegation(lowered.delegation, decomposed)
             _smoke_run(shared, target, lowered.files[0])
             files = commit_files(lowered.files, out_dir)
-    seconds = time.perf_counter() - start
-    holder_ids = {id(t) for t in holder_tensors(shared.exported_program).values()}
-    kept = lowered.details.get("kept_tensors", {})
-    not_shared = sorted(k for k, v in kept.items() if id(v) not in holder_ids)
+    not_shared = lowered.details["kept_not_shared"]
     if not_shared:
-        logger.warning("%s keeps tensors that are not the holder's objects: %s", target, not_shared)
-    art = Artifact(target=target, path=files[0], files=files, ops=lowered.ops, seconds=seconds,
-                   delegation=lowered.delegation,
-                   details={**{k: v for k, v in lowered.details.items() if k != "kept_tensors"},
-                            "kept_tensors": len(kept), "kept_not_shared": tuple(not_shared)})
+        logger.warning("%s keeps tensors that are not the holder's objects: %s", target, list(not_shared))
+    art = Artifact(target=target, path=files[0], files=files, ops=lowered.ops,
+                   seconds=time.perf_counter() - start, delegation=lowered.delegation,
+                   details={**lowered.details, "forked": forked is not None})
     return art, lowered
+
+
+def _start(shared: SharedProgram, target: str, out_dir: pathlib.Path, name: str, options: ExportOptions,
+           require_full_delegation: bool) -> Generator[None, None, tuple[Artifact, LoweredTarget]]:
+    stages = _target_stages(shared, target, out_dir, name, options,
+                            require_full_delegation=require_full_delegation, fork=True)
+    next(stages)
+    return stages
+
+
+def _guarded(errors: dict[str, DualExportError], target: str, fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``None`` with the target's error recorded: one target's failure never stops
+    the other."""
+    try:
+        return fn()
+    except DualExportError as exc:
+        logger.error("%s", exc)
+        errors[target] = exc
+    except Exception as exc:  # a library failure we did not anticipate
+        errors[target] = InternalError(f"{target}: {type(exc).__name__}: {exc}", target=target)
+        errors[target].__cause__ = exc
+        logger.error("%s", errors[target])
+    return None
+
+
+def _summarize_kept(lowered: LoweredTarget, holder_ids: set[int]) -> LoweredTarget:
+    """Replace the tensors the lowered program keeps by their count and the names that are not
+    the holder's own objects (invariant 2), so the result is small and crosses a process."""
+    kept = lowered.details.get("kept_tensors", {})
+    not_shared = tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids))
+    details = {**lowered.details, "kept_tensors": len(kept), "kept_not_shared": not_shared}
+    return dataclasses.replace(lowered, details=details)
 
 
 #: Below this many weight bytes a full garbage collection (~0.5 s on a transformer) costs more
@@ -282,24 +338,37 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
             for t in targets}
     prev = previous_manifest(previous, name) if previous is not None else None
     reused: dict[str, WeightManifest] = {}
+    todo = []
     for t in targets:
         hit = _reuse_target(shared, t, keys[t], prev, previous, out, name) if prev is not None else None
-        if hit is not None:
-            artifacts[t] = hit
-            reused[t] = prev
-            seconds[t] = hit.seconds
+        if hit is None:
+            todo.append(t)
             continue
-        try:
-            artifacts[t], lowered[t] = _lower_target(shared, t, out, name, options,
-                                                     require_full_delegation=require_full_delegation)
+        artifacts[t] = hit
+        reused[t] = prev
+        seconds[t] = hit.seconds
+    parallel = options.parallel if options.parallel is not None else \
+        parallel_worthwhile(_weight_bytes(shared))
+    # With two targets to lower and a free core, XNNPACK (the long one) lowers in a forked
+    # child while this process exports ONNX; the child lowers the holder's own tensors.
+    background = "xnnpack" if parallel and set(todo) == {"onnx", "xnnpack"} else None
+    pending = None
+    if background is not None:
+        pending = _guarded(errors, background, lambda: _start(
+            shared, background, out, name, options, require_full_delegation))
+    for t in todo:
+        if t == background:
+            continue
+        done = _guarded(errors, t, lambda: _lower_target(
+            shared, t, out, name, options, require_full_delegation=require_full_delegation))
+        if done is not None:
+            artifacts[t], lowered[t] = done
             seconds[t] = artifacts[t].seconds
-        except DualExportError as exc:
-            logger.error("%s", exc)
-            errors[t] = exc
-        except Exception as exc:  # a library failure we did not anticipate
-            errors[t] = InternalError(f"{t}: {type(exc).__name__}: {exc}", target=t)
-            errors[t].__cause__ = exc
-            logger.error("%s", errors[t])
+    if pending is not None:
+        done = _guarded(errors, background, lambda: _finish(pending))
+        if done is not None:
+            artifacts[background], lowered[background] = done
+            seconds[background] = artifacts[background].seconds
     manifest = _manifest(shared, artifacts, lowered, name, keys, reused, fp)
     if artifacts:
         atomic_write_text(out / f"{name}.weights.json", manifest.to_json())

@@ -21,6 +21,9 @@ class ExportOptions:
     onnx_opset: int | None = None
     #: skip XNNPACK backend passes that cannot act on a subgraph (byte-identical .pte, faster)
     prune_backend_passes: bool = True
+    #: lower XNNPACK in a forked worker while ONNX exports; None: when a core is free and the
+    #: weights are under 256 MB (see exporters/forked.py)
+    parallel: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,11 @@ from .base import ExportOptions
 __all__ = ["target_cache_key", "previous_manifest", "link_previous_files"]
 
 
+#: Options that change how the files are made, never their bytes (pruned passes are proven
+#: byte-identical; a forked lowering lowers the same program).
+_NOT_IN_KEY = frozenset({"prune_backend_passes", "parallel"})
+
+
 def target_cache_key(fp: ProgramFingerprint, target: str, options: ExportOptions,
                      extra: Mapping[str, Any] | None = None) -> str:
     payload = {
@@ -32,7 +37,7 @@ def target_cache_key(fp: ProgramFingerprint, target: str, options: ExportOptions
         "weights": sorted(fp.weights.items()),
         "shapes": fp.shapes,
         "target": target,
-        "options": asdict(options),
+        "options": {k: v for k, v in asdict(options).items() if k not in _NOT_IN_KEY},
         "versions": library_versions(),
         "extra": dict(extra or {}),
     }

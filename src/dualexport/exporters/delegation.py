@@ -56,6 +56,11 @@ class DelegationReport:
         return cls(int(data["subgraphs"]), int(data["delegated_nodes"]),
                    int(data["non_delegated_nodes"]), MappingProxyType(by_op))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled through its dict form (a mappingproxy does not pickle): a forked lowering
+        sends its report back to the parent."""
+        return (DelegationReport.from_dict, (self.to_dict(),))
+
     def to_markdown(self) -> str:
         lines = [
             f"Total delegated subgraphs: {self.subgraphs}",

@@ -1,0 +1,129 @@
+"""Run one lowering in a forked child while the parent does the other target's work.
+
+Why fork and not spawn or threads: the child must lower the very program the holder holds (the
+same tensors, no copy and no re-import of torch and ExecuTorch, which alone costs seconds), and
+both lowerings are pure Python under the GIL. Why it is safe enough:
+
+* libgomp deadlocks in a forked child once the parent has used OpenMP (a parameter deepcopy inside
+  ExecuTorch hung here): the child calls ``torch.set_num_threads(1)`` before anything else;
+* the child dies with the parent (``PR_SET_PDEATHSIG``) and never runs the parent's exit handlers;
+* a child whose CPU time stops advancing for ``STALL_SECONDS`` is taken as deadlocked and killed;
+* whenever the child fails, for whatever reason, :meth:`ForkedCall.result` returns ``None`` and the
+  caller runs the work in-process, so errors and their messages are the in-process ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["ForkedCall", "STALL_SECONDS", "parallel_worthwhile"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: A lowering is CPU-bound Python; this long without any CPU time means a deadlock.
+STALL_SECONDS = 120.0
+
+#: Above this many weight bytes the two lowerings' working memory would stack (the XNNPACK
+#: lowering alone needs about twice the weights), so they run one after the other.
+PARALLEL_WEIGHT_LIMIT = 256 << 20
+
+
+def parallel_worthwhile(weight_bytes: int) -> bool:
+    """Fork only where it can help: Linux, two usable cores with one of them idle, modest weights."""
+    if sys.platform != "linux" or weight_bytes > PARALLEL_WEIGHT_LIMIT:
+        return False
+    cores = len(os.sched_getaffinity(0))
+    return cores >= 2 and os.getloadavg()[0] <= cores - 1
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class ForkedCall(Generic[T]):
+    """``fn()`` started in a forked child now; :meth:`result` collects its picklable return."""
+
+    def __init__(self, fn: Callable[[], T], label: str) -> None:
+        self.label = label
+        parent = os.getpid()
+        read, write = os.pipe()
+        self._pid = os.fork()
+        if self._pid == 0:  # the child: never returns
+            os.close(read)
+            status = 1
+            try:
+                _die_with_parent(parent)
+                import torch
+
+                torch.set_num_threads(1)
+                payload = pickle.dumps(("ok", fn()), protocol=pickle.HIGHEST_PROTOCOL)
+                status = 0
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which reruns
+                payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(write, view):]
+            finally:
+                os._exit(status)
+        os.close(write)
+        self._read = read
+
+    def result(self) -> T | None:
+        """The child's return value, or ``None`` if it failed, crashed or stalled."""
+        chunks: list[bytes] = []
+        last_ticks, last_change = _cpu_ticks(self._pid), time.monotonic()
+        try:
+            while True:
+                ready, _, _ = select.select([self._read], [], [], 1.0)
+                if ready:
+                    chunk = os.read(self._read, 1 << 20)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    last_change = time.monotonic()
+                    continue
+                ticks = _cpu_ticks(self._pid)
+                if ticks != last_ticks:
+                    last_ticks, last_change = ticks, time.monotonic()
+                elif time.monotonic() - last_change > STALL_SECONDS:
+                    logger.warning("%s: forked worker used no CPU for %.0f s; killed, running "
+                                   "in-process", self.label, STALL_SECONDS)
+                    os.kill(self._pid, signal.SIGKILL)
+                    break
+        finally:
+            os.close(self._read)
+            _, status = os.waitpid(self._pid, 0)
+        try:
+            kind, value = pickle.loads(b"".join(chunks))
+        except Exception:  # noqa: BLE001 - killed mid-write, or nothing written
+            kind, value = "error", f"exit code {os.waitstatus_to_exitcode(status)}"
+        if kind != "ok" or os.waitstatus_to_exitcode(status) != 0:
+            logger.warning("%s: forked worker failed (%s); running in-process", self.label, value)
+            return None
+        return value
