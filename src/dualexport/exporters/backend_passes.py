@@ -23,35 +23,54 @@ import torch
 __all__ = ["PASS_NEEDS", "PassPruning", "pruned_backend_passes"]
 
 
+Needs = Callable[[torch.fx.Graph], bool]
+
+
 def _names(graph: torch.fx.Graph) -> set[str]:
     return {getattr(n.target, "__name__", str(n.target)) for n in graph.nodes if n.op == "call_function"}
 
 
-def _any(*ops: str) -> Callable[[set[str]], bool]:
-    return lambda names: any(op in names for op in ops)
+def _any(*ops: str) -> Needs:
+    return lambda graph: not _names(graph).isdisjoint(ops)
 
 
-def _all(*ops: str) -> Callable[[set[str]], bool]:
-    return lambda names: all(op in names for op in ops)
+def _all(*ops: str) -> Needs:
+    return lambda graph: set(ops) <= _names(graph)
 
 
-def _quantized(names: set[str]) -> bool:
-    return any(n.startswith(("quantized_decomposed.", "torchao.")) for n in names)
+def _quantized(graph: torch.fx.Graph) -> bool:
+    return any(n.startswith(("quantized_decomposed.", "torchao.")) for n in _names(graph))
 
 
-def _batch_norm(names: set[str]) -> bool:
-    return any("batch_norm" in n for n in names)
+def _batch_norm(graph: torch.fx.Graph) -> bool:
+    return any("batch_norm" in n for n in _names(graph))
 
 
-#: Pass class name -> "the pass may change a graph holding these op names". Pattern passes
-#: (SubgraphMatcher) need every op their patterns share; the others act on one op kind each.
-PASS_NEEDS: dict[str, Callable[[set[str]], bool]] = {
+def _foldable(graph: torch.fx.Graph) -> bool:
+    """ConstPropPass (ExecuTorch's ExportPass one) folds a node only when no argument is a traced
+    value: every input node is a get_attr constant, or there is none (full, arange, ...)."""
+    return any(n.op == "call_function" and all(i.op == "get_attr" for i in n.all_input_nodes)
+               for n in graph.nodes)
+
+
+def _fusable_activation(graph: torch.fx.Graph) -> bool:
+    from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
+
+    acts = set(FuseActivationPass.FUSEABLE_ACTIVATIONS)
+    return any(n.op == "call_function" and n.target in acts for n in graph.nodes)
+
+
+#: Pass class name -> "the pass may change this graph". Pattern passes (SubgraphMatcher) need
+#: every op their patterns share; the others act on one op kind each.
+PASS_NEEDS: dict[str, Needs] = {
     "ConvertToUpsampleBilinear2d": _all("aten.upsample_bilinear2d.vec"),
     "ConvertToSDPAPass": _all("aten._softmax.default", "aten.bmm.default"),
     "ConvertToLinearPass": _any("aten.mm.default", "aten.addmm.default", "aten.bmm.default"),
     "PropagateCustomMetaPass": _quantized,
+    "ConstPropPass": _foldable,
     "FuseBatchNormPass": _batch_norm,
     "DecomposeBatchNorm": _batch_norm,
+    "FuseActivationPass": _fusable_activation,
     "DecomposeConcatenate": _any("aten.cat.default"),
     "RemoveGetItemPass": _any("aten.max_pool2d_with_indices.default", "aten.max.dim"),
     "InsertPadQDQPass": _any("aten.constant_pad_nd.default"),
@@ -102,7 +121,7 @@ def _pass_manager_class() -> type:
             ep = self.exported_program
             for pass_ in self.passes:
                 needs = PASS_NEEDS.get(pass_.__name__)
-                if needs is not None and not needs(_names(ep.graph_module.graph)):
+                if needs is not None and not needs(ep.graph_module.graph):
                     counter.skipped.append(pass_.__name__)
                     continue
                 counter.ran.append(pass_.__name__)
