@@ -21,7 +21,9 @@ def peak_rss_mb() -> float:
 
 
 def fmt(t: tuple[float, float, float]) -> str:
-    return f"min {t[0] * 1e3:.1f} ms / median {t[1] * 1e3:.1f} ms / max {t[2] * 1e3:.1f} ms"
+    """Per-call latency in ms, or in µs when the median is under a millisecond (tiny BERT)."""
+    scale, unit = (1e6, "µs") if t[1] < 1e-3 else (1e3, "ms")
+    return f"min {t[0] * scale:.1f} {unit} / median {t[1] * scale:.1f} {unit} / max {t[2] * scale:.1f} {unit}"
 
 
 def samples(fn: Callable[[], object], repeats: int = 3, warmup: bool = False) -> tuple[float, float, float]:

@@ -32,8 +32,13 @@ def test_unchanged_model_is_reused_and_still_proven(tmp_path: pathlib.Path) -> N
     warm = dx.export(model, (x,), out_dir=tmp_path, name="m")
     assert _cached(warm) == {"onnx", "xnnpack"}
     assert warm.artifacts["xnnpack"].delegation == cold.artifacts["xnnpack"].delegation
+    # a hit defers the decompositions (nothing reads them to reuse files); a look computes them
+    assert warm.program._decomposed == {}  # noqa: SLF001
+    assert set(warm.program.decomposed) == {"onnx", "xnnpack"}
     for t, dec in warm.program.decomposed.items():
         assert dec.state_dict is warm.program.state_dict, t
+    assert set(warm.program._decomposed) == {"onnx", "xnnpack"}  # noqa: SLF001
+    assert all(r.linked for r in warm.program.links.values())
     warm.verify_weights()
     assert dx.compare(warm).ok
     assert warm.manifest.to_dict()["entries"] == cold.manifest.to_dict()["entries"]

@@ -22,7 +22,7 @@ class ExportOptions:
     #: skip XNNPACK backend passes that cannot act on a subgraph (byte-identical .pte, faster)
     prune_backend_passes: bool = True
     #: lower XNNPACK in a forked worker while ONNX exports; None: when a core is free and the
-    #: weights are under 256 MB (see exporters/forked.py)
+    #: weights are under 64 MB (see exporters/forked.py)
     parallel: bool | None = None
 
 

@@ -53,6 +53,7 @@ class SharedProgram:
     ) -> None:
         self._ep = exported_program
         self._decomposed: dict[str, ExportedProgram] = {}
+        self._deferred: dict[str, Callable[[ExportedProgram], ExportedProgram]] = {}
         self._links: dict[str, LinkReport] = {}
         self._transforms: list[TransformRecord] = []
         self._notes: list[str] = list(notes)
@@ -124,10 +125,14 @@ class SharedProgram:
 
     @property
     def decomposed(self) -> Mapping[str, ExportedProgram]:
-        return MappingProxyType(self._decomposed)
+        """Every target's decomposed program; a deferred one is computed (and linked) on first
+        access."""
+        return _Decompositions(self)
 
     @property
     def links(self) -> Mapping[str, LinkReport]:
+        for target in list(self._deferred):
+            self._resolve(target)
         return MappingProxyType(self._links)
 
     @property
@@ -144,7 +149,7 @@ class SharedProgram:
     # --------------------------------------------------------------- transforms
     def apply_transforms(self, transforms: Sequence[Callable[..., Any]]) -> tuple[TransformRecord, ...]:
         """Apply user transforms to the shared program itself, in order (invariant 3)."""
-        if self._decomposed:
+        if self._decomposed or self._deferred:
             raise TransformError(
                 "transforms must run before any target is decomposed",
                 hint="pass all transforms to dx.export(transforms=...)",
@@ -197,7 +202,19 @@ class SharedProgram:
             logger.warning("%s decomposition changed the weights: %s", target, report.changes)
         self._decomposed[target] = dec
         self._links[target] = report
+        self._deferred.pop(target, None)
         return dec
+
+    def defer_decomposition(self, target: str, fn: Callable[[ExportedProgram], ExportedProgram]) -> None:
+        """Register ``target``'s decomposition without running it: a cache hit needs none to
+        reuse its files, and only localization or an explicit look ever reads it."""
+        if target not in self._decomposed:
+            self._deferred[target] = fn
+
+    def _resolve(self, target: str) -> ExportedProgram:
+        fn = self._deferred.pop(target)
+        with self.guard(target):
+            return self.decompose(target, fn)
 
     # -------------------------------------------------------------- fingerprint
     def weight_digests(self) -> dict[str, str]:
@@ -252,3 +269,26 @@ class SharedProgram:
     def save(self, path: str) -> None:
         """torch.export.save: loadable later without pickle by torch.export.load."""
         torch.export.save(self._ep, path)
+
+
+class _Decompositions(Mapping[str, ExportedProgram]):
+    """Read-only view of a SharedProgram's decompositions that resolves deferred ones on access."""
+
+    def __init__(self, owner: SharedProgram) -> None:
+        self._owner = owner
+
+    def __getitem__(self, target: str) -> ExportedProgram:
+        owner = self._owner
+        if target in owner._deferred:  # noqa: SLF001 - the owner's own view
+            return owner._resolve(target)  # noqa: SLF001
+        return owner._decomposed[target]  # noqa: SLF001
+
+    def __iter__(self) -> Iterator[str]:
+        owner = self._owner
+        return iter([*owner._decomposed, *(t for t in owner._deferred if t not in owner._decomposed)])  # noqa: SLF001
+
+    def __len__(self) -> int:
+        return len(set(self._owner._decomposed) | set(self._owner._deferred))  # noqa: SLF001
+
+    def __contains__(self, target: object) -> bool:
+        return target in self._owner._decomposed or target in self._owner._deferred  # noqa: SLF001
