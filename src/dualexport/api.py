@@ -214,6 +214,46 @@ def _reuse_target(shared: SharedProgram, target: str, key: str, prev: WeightMani
                     delegation=delegation, details={"cached": True, "cache_key": key})
 
 
+def _patch_target(shared: SharedProgram, target: str, structure_key: str, prev: WeightManifest,
+                  previous: pathlib.Path, out: pathlib.Path, name: str
+                  ) -> tuple[Artifact, LoweredTarget] | None:
+    """A weights-only change: the previous file patched with the new bytes, or None (lower).
+
+    Only when the previous artifact was made for the same graph, shapes, options and versions
+    (its structure key) and every changed weight is stored there exactly; the patched copy is then
+    smoke-run and, like any lowering, proven by the manifest re-read from disk.
+    """
+    from .exporters.patch import patch_files, plan_patch
+
+    info = prev.artifacts.get(target)
+    if not info or info.get("structure_key") != structure_key:
+        return None
+    changes = plan_patch(target, prev.entries, shared.weight_digests(),
+                         holder_tensors(shared.exported_program))
+    if not changes:
+        return None
+    exporter = get_exporter(target)
+    start = time.perf_counter()
+    try:
+        with shared.guard(target):
+            decomposed = shared.decompose(target, exporter.decompose)
+            with staging_dir(out) as staging:
+                files = patch_files(target, previous, staging, list(info["files"]), changes)
+                _smoke_run(shared, target, files[0])
+                files = tuple(commit_files(files, out))
+    except (ValueError, OSError, DualExportError) as exc:
+        logger.warning("%s: weights-only patch not applied (%s); lowering again", target, exc)
+        return None
+    delegation = DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
+    lowered = LoweredTarget(target=target, files=files, ops=tuple(info.get("ops", ())),
+                            delegation=delegation, weight_notes=exporter.weight_notes(decomposed),
+                            details={"patched": len(changes)})
+    logger.info("%s: weights-only change, %d weight(s) patched into %s", target, len(changes), files[0].name)
+    return Artifact(target=target, path=files[0], files=files, ops=lowered.ops,
+                    seconds=time.perf_counter() - start, delegation=delegation,
+                    details={"patched": len(changes), "structure_key": structure_key}), lowered
+
+
 def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
     """Load the artifact from disk in its runtime and run it once on the example inputs."""
     from .runtimes import open_runner
@@ -228,7 +268,8 @@ def _smoke_run(shared: SharedProgram, target: str, path: pathlib.Path) -> None:
 
 def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
               lowered: Mapping[str, LoweredTarget], name: str, keys: Mapping[str, str],
-              reused: Mapping[str, WeightManifest], fp: ProgramFingerprint) -> WeightManifest:
+              structure: Mapping[str, str], reused: Mapping[str, WeightManifest],
+              fp: ProgramFingerprint) -> WeightManifest:
     program = shared.exported_program
     digests = shared.weight_digests()
     entries = build_entries(program, digests)
@@ -252,6 +293,7 @@ def _manifest(shared: SharedProgram, artifacts: Mapping[str, Artifact],
     return WeightManifest(
         entries=tuple(located),
         artifacts={t: {"file": a.path.name, "files": [f.name for f in a.files], "cache_key": keys.get(t),
+                       "structure_key": structure.get(t),
                        "ops": list(a.ops),
                        "delegation": a.delegation.to_dict() if a.delegation is not None else None}
                    for t, a in artifacts.items()},
@@ -334,13 +376,20 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
     lowered: dict[str, LoweredTarget] = {}
     errors: dict[str, DualExportError] = {}
     fp = shared.fingerprint(rehash=False)
-    keys = {t: target_cache_key(fp, t, options, {"require_full_delegation": require_full_delegation})
-            for t in targets}
+    extra = {"require_full_delegation": require_full_delegation}
+    keys = {t: target_cache_key(fp, t, options, extra) for t in targets}
+    structure = {t: target_cache_key(fp, t, options, extra, weights=False) for t in targets}
     prev = previous_manifest(previous, name) if previous is not None else None
     reused: dict[str, WeightManifest] = {}
     todo = []
     for t in targets:
         hit = _reuse_target(shared, t, keys[t], prev, previous, out, name) if prev is not None else None
+        if hit is None and prev is not None:
+            patched = _patch_target(shared, t, structure[t], prev, previous, out, name)
+            if patched is not None:
+                artifacts[t], lowered[t] = patched
+                seconds[t] = artifacts[t].seconds
+                continue
         if hit is None:
             todo.append(t)
             continue
@@ -369,7 +418,8 @@ def _export_locked(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
         if done is not None:
             artifacts[background], lowered[background] = done
             seconds[background] = artifacts[background].seconds
-    manifest = _manifest(shared, artifacts, lowered, name, keys, reused, fp)
+    artifacts = {t: artifacts[t] for t in targets if t in artifacts}  # the order asked for
+    manifest = _manifest(shared, artifacts, lowered, name, keys, structure, reused, fp)
     if artifacts:
         atomic_write_text(out / f"{name}.weights.json", manifest.to_json())
         shared.save(str(out / f"{name}.pt2"))  # ``out`` is the set's staging folder

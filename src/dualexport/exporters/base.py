@@ -57,3 +57,7 @@ class Exporter(Protocol):
               options: ExportOptions) -> LoweredTarget:
         """Write ``<name><suffix>`` (and side files) into ``staging``."""
         ...
+
+    def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
+        """Why the target may not store a weight as-is (see ``LoweredTarget.weight_notes``)."""
+        ...

@@ -31,10 +31,12 @@ _NOT_IN_KEY = frozenset({"prune_backend_passes", "parallel"})
 
 
 def target_cache_key(fp: ProgramFingerprint, target: str, options: ExportOptions,
-                     extra: Mapping[str, Any] | None = None) -> str:
+                     extra: Mapping[str, Any] | None = None, *, weights: bool = True) -> str:
+    """The key a reused artifact must match. With ``weights=False``: the structure key, equal
+    for two programs that differ only in weight values (a weights-only change can be patched)."""
     payload = {
         "graph": fp.graph,
-        "weights": sorted(fp.weights.items()),
+        "weights": sorted(fp.weights.items()) if weights else None,
         "shapes": fp.shapes,
         "target": target,
         "options": {k: v for k, v in asdict(options).items() if k not in _NOT_IN_KEY},

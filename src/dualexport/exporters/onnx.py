@@ -101,6 +101,9 @@ class OnnxExporter:
             self._reg = _registry()
         return self._reg
 
+    def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
+        return unused_weight_notes(decomposed)
+
     def decompose(self, program: ExportedProgram) -> ExportedProgram:
         from torch.onnx._internal.exporter import _core
 
@@ -191,7 +194,7 @@ class OnnxExporter:
         ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}"
                             for n in model.graph}))
         return LoweredTarget(target=self.target, files=tuple(files), ops=ops,
-                             weight_notes=unused_weight_notes(decomposed),
+                             weight_notes=self.weight_notes(decomposed),
                              details={"kept_tensors": kept,
                                       "op_list": [n.op_type for n in model.graph],
                                       "opset": model.opset_imports.get("", None)})

@@ -120,6 +120,9 @@ class XnnpackExporter:
     target: ClassVar[str] = "xnnpack"
     suffix: ClassVar[str] = ".pte"
 
+    def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
+        return weight_notes(decomposed)
+
     def decompose(self, program: ExportedProgram) -> ExportedProgram:
         from executorch.exir.tracer import _default_decomposition_table
 
@@ -186,7 +189,7 @@ class XnnpackExporter:
         ops = tuple(sorted({op_name(n) for n in lowered.graph.nodes if n.op == "call_function"}))
         return LoweredTarget(
             target=self.target, files=(path,), ops=ops, delegation=delegation,
-            weight_notes=weight_notes(decomposed),
+            weight_notes=self.weight_notes(decomposed),
             details={"kept_tensors": kept, "backend_passes": pruning()},
         )
 
