@@ -21,6 +21,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from ..exporters.backend_passes import pruned_backend_passes
+from ..exporters.xnnpack import release_lowered_payloads
 from ..shared_state.nodes import op_name, user_frame
 from .metrics import Metrics, compute_metrics
 from .report import Divergence
@@ -130,6 +131,7 @@ def xnnpack_values(decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tens
         edge = to_edge_transform_and_lower(tapped, partitioner=[XnnpackPartitioner()])
     strip_taps_(edge)
     buffer = edge.to_executorch().buffer
+    release_lowered_payloads(edge.exported_program().graph_module)  # see its docstring: a leak
     method = Runtime.get().load_program(buffer).load_method("forward")
     outs = method.execute([t.contiguous() for t in flat_inputs])
     values = {s.node_name: outs[s.output_index] for s in specs if s.output_index < len(outs)
