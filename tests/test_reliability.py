@@ -74,6 +74,18 @@ def _fail_lower(ctx: Ctx, cls: type, exc: Exception) -> None:
         raise exc
 
     ctx.mp.setattr(cls, "lower", lower)
+    # The seeds' models differ only in weights, which a re-export would patch into the previous
+    # files; a failing patch falls back to lowering, where the fault is.
+    _fail_patch(ctx)
+
+
+def _fail_patch(ctx: Ctx) -> None:
+    import dualexport.exporters.patch as patch
+
+    def patch_files(*_a: Any, **_k: Any) -> Any:
+        raise ValueError("fault injection: lower instead of patching")
+
+    ctx.mp.setattr(patch, "patch_files", patch_files)
 
 
 def _truncating_onnx(ctx: Ctx) -> None:
@@ -86,6 +98,7 @@ def _truncating_onnx(ctx: Ctx) -> None:
         return lowered
 
     ctx.mp.setattr(OnnxExporter, "lower", lower)
+    _fail_patch(ctx)
 
 
 def _enospc(*_a: Any, **_k: Any) -> None:
