@@ -124,7 +124,10 @@ def test_rewrites_decline_what_they_cannot_keep() -> None:
 
 
 # ------------------------------------------------------------------------------ slow: the zoo
-_ZOO_LIVE = [c for c in ZOO if not c.xfail]
+#: int8 cases are left to the zoo runner (tests/zoo/runner.py), which quantizes them and checks
+#: within one quantization step: exported here without quantize= they would only repeat their
+#: float twins (mlp, cnn_batchnorm), and they declare no subgraph count to compare with.
+_ZOO_LIVE = [c for c in ZOO if not c.xfail and not c.int8_calibration]
 #: Cases where the passes must strictly reduce the subgraph count (the rest must not raise it).
 _FEWER = {"transformer_encoder", "gru", "masked_attention", "kv_cache"}
 #: tied_embedding: layer_norm now joins the delegate, but the embedding that shares the head's
