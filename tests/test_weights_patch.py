@@ -60,6 +60,9 @@ def test_linear_weights_are_patched_in_both_files(tmp_path: pathlib.Path) -> Non
         model.net[2].bias.add_(0.25)
     again, _ = _again_and_fresh(model, args, tmp_path)
     assert _patched(again) == {"onnx": 2, "xnnpack": 2}
+    # patched targets defer their decompositions, which still link to the one dict when read
+    assert again.program._decomposed == {}  # noqa: SLF001
+    assert all(d.state_dict is again.program.state_dict for d in again.program.decomposed.values())
 
 
 def test_folded_weight_change_relowers_xnnpack_only(tmp_path: pathlib.Path) -> None:

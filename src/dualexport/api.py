@@ -232,11 +232,9 @@ def _patch_target(shared: SharedProgram, target: str, structure_key: str, prev: 
                          holder_tensors(shared.exported_program))
     if not changes:
         return None
-    exporter = get_exporter(target)
     start = time.perf_counter()
     try:
         with shared.guard(target):
-            decomposed = shared.decompose(target, exporter.decompose)
             with staging_dir(out) as staging:
                 files = patch_files(target, previous, staging, list(info["files"]), changes)
                 _smoke_run(shared, target, files[0])
@@ -244,9 +242,14 @@ def _patch_target(shared: SharedProgram, target: str, structure_key: str, prev: 
     except (ValueError, OSError, DualExportError) as exc:
         logger.warning("%s: weights-only patch not applied (%s); lowering again", target, exc)
         return None
+    # Same graph, so the same reasons for weights the target does not store as-is; the
+    # decomposition is deferred as on a cache hit.
+    shared.defer_decomposition(target, get_exporter(target).decompose)
+    notes = {n: loc.reason for e in prev.entries for loc in [e.locations.get(target)]
+             if loc is not None and loc.status == "not_stored" and loc.reason for n in e.names}
     delegation = DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
     lowered = LoweredTarget(target=target, files=files, ops=tuple(info.get("ops", ())),
-                            delegation=delegation, weight_notes=exporter.weight_notes(decomposed),
+                            delegation=delegation, weight_notes=notes,
                             details={"patched": len(changes)})
     logger.info("%s: weights-only change, %d weight(s) patched into %s", target, len(changes), files[0].name)
     return Artifact(target=target, path=files[0], files=files, ops=lowered.ops,
