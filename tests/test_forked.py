@@ -95,3 +95,11 @@ def test_worker_exception_crash_and_stall_return_none(monkeypatch: pytest.Monkey
 
 def test_auto_mode_stays_serial_for_big_weights() -> None:
     assert not parallel_worthwhile(forked.PARALLEL_WEIGHT_LIMIT + 1)
+
+
+def test_cancelled_worker_is_killed_and_reaped() -> None:
+    call = ForkedCall(lambda: time.sleep(60), "cancelled")
+    pid = call._pid  # noqa: SLF001
+    call.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie, no orphan

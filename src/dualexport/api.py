@@ -122,7 +122,12 @@ def _target_stages(shared: SharedProgram, target: str, out_dir: pathlib.Path, na
                 return _summarize_kept(lowered, holder_ids)
 
             forked = ForkedCall(lower, label=target) if fork else None
-            yield
+            try:
+                yield
+            except GeneratorExit:  # abandoned (the other target raised past us): no orphan
+                if forked is not None:
+                    forked.cancel()
+                raise
             lowered = (forked.result() if forked is not None else None) or lower()
             if _weight_bytes(shared) >= _RELEASE_MEMORY_ABOVE:
                 release_memory()  # the lowering's garbage must not stack under the smoke run

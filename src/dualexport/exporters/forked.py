@@ -101,6 +101,16 @@ class ForkedCall(Generic[T]):
         os.close(write)
         self._read = read
 
+    def cancel(self) -> None:
+        """Kill the child and reap it (the caller gave up on the result: an exception or an
+        interrupt between start and collection)."""
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+            os.waitpid(self._pid, 0)
+            os.close(self._read)
+        except OSError:
+            pass
+
     def result(self) -> T | None:
         """The child's return value, or ``None`` if it failed, crashed or stalled."""
         chunks: list[bytes] = []
