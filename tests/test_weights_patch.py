@@ -116,3 +116,17 @@ def test_changed_graph_is_not_patched(tmp_path: pathlib.Path) -> None:
     again = dx.export(model, args, out_dir=tmp_path / "set", name="m", strict=True)
     assert _patched(again) == {}
     assert not any(a.details.get("cached") for a in again.artifacts.values())
+
+
+def test_new_value_equal_to_another_weight_is_not_patched(tmp_path: pathlib.Path) -> None:
+    """A changed bias becomes byte-equal to an unchanged one: a fresh lowering stores the two as
+    one named-data entry, which renaming a key in place cannot produce."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).eval()
+    args = (torch.randn(2, 8),)
+    dx.export(model, args, out_dir=tmp_path / "set", name="m", strict=True)
+    with torch.no_grad():
+        model[2].bias.copy_(model[0].bias)
+    again, _ = _again_and_fresh(model, args, tmp_path)
+    assert "xnnpack" not in _patched(again)
+    assert _patched(again) == {"onnx": 1}

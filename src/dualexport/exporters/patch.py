@@ -58,7 +58,8 @@ def plan_patch(target: str, entries: Sequence[WeightEntry], digests: Mapping[str
     changes: list[Change] = []
     where_count = Counter(e.locations[target].where for e in entries
                           if target in e.locations and e.locations[target].status == "exact")
-    all_new = set(digests.values())
+    # XNNPACK keys its named data by content: a value held by two entries is stored once.
+    now = Counter(digests[e.name] for e in entries if e.name in digests)
     for e in entries:
         if e.name not in digests or e.name not in tensors:
             return None  # the program's weights are not the previous set's
@@ -69,12 +70,10 @@ def plan_patch(target: str, entries: Sequence[WeightEntry], digests: Mapping[str
             return None  # not stored as-is, or one stored copy serves several weights
         if not loc.where.startswith(_PATCHABLE[target]):
             return None  # e.g. a .pte constant buffer outside the delegate: no patcher
-        if target == "xnnpack" and e.sha256 in all_new:
-            return None  # the old bytes are still another weight's: the key stays in use
+        if target == "xnnpack" and (e.sha256 in now or now[digests[e.name]] != 1):
+            return None  # the old or the new bytes are also another weight's: one shared entry
         changes.append(Change(e.name, loc.where, e.sha256, digests[e.name],
                               bytes(tensor_bytes(tensors[e.name]))))
-    if target == "xnnpack" and len({c.new_sha256 for c in changes}) != len(changes):
-        return None  # two new values equal: XNNPACK would store them once
     return changes
 
 
