@@ -211,12 +211,16 @@ def _reuse_target(shared: SharedProgram, target: str, key: str, prev: WeightMani
             f.unlink(missing_ok=True)
         return None
     shared.defer_decomposition(target, get_exporter(target).decompose)
-    delegation = DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
+    delegation = _previous_delegation(info)
     main = out / info["file"]
     logger.info("%s: reused %s (cache key %s...)", target, info["file"], key[:12])
     return Artifact(target=target, path=main, files=(main, *[f for f in files if f != main]),
                     ops=tuple(info.get("ops", ())), seconds=time.perf_counter() - start,
                     delegation=delegation, details={"cached": True, "cache_key": key})
+
+
+def _previous_delegation(info: Mapping[str, Any]) -> DelegationReport | None:
+    return DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
 
 
 def _patch_target(shared: SharedProgram, target: str, structure_key: str, prev: WeightManifest,
@@ -252,7 +256,7 @@ def _patch_target(shared: SharedProgram, target: str, structure_key: str, prev: 
     shared.defer_decomposition(target, get_exporter(target).decompose)
     notes = {n: loc.reason for e in prev.entries for loc in [e.locations.get(target)]
              if loc is not None and loc.status == "not_stored" and loc.reason for n in e.names}
-    delegation = DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
+    delegation = _previous_delegation(info)
     lowered = LoweredTarget(target=target, files=files, ops=tuple(info.get("ops", ())),
                             delegation=delegation, weight_notes=notes,
                             details={"patched": len(changes)})

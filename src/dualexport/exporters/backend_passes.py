@@ -13,6 +13,7 @@ tests/test_backend_passes.py, which also proves pruned and full lowerings write 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,9 +88,6 @@ class PassPruning:
     ran: tuple[str, ...]
     skipped: tuple[str, ...]
 
-    def counts(self) -> dict[str, int]:
-        return {"ran": len(self.ran), "skipped": len(self.skipped)}
-
 
 class _Counter:
     def __init__(self) -> None:
@@ -106,6 +104,7 @@ _patch_depth = 0
 _original: Any = None
 
 
+@functools.cache
 def _pass_manager_class() -> type:
     from executorch.backends.xnnpack._passes import XNNPACKPassManager, XNNPACKPass
     from executorch.exir.pass_base import ExportPass

@@ -104,12 +104,12 @@ class ForkedCall(Generic[T]):
     def cancel(self) -> None:
         """Kill the child and reap it (the caller gave up on the result: an exception or an
         interrupt between start and collection)."""
-        try:
-            os.kill(self._pid, signal.SIGKILL)
-            os.waitpid(self._pid, 0)
-            os.close(self._read)
-        except OSError:
-            pass
+        for step in (lambda: os.kill(self._pid, signal.SIGKILL), lambda: os.waitpid(self._pid, 0),
+                     lambda: os.close(self._read)):
+            try:
+                step()
+            except OSError:  # already gone, already reaped, already closed
+                pass
 
     def result(self) -> T | None:
         """The child's return value, or ``None`` if it failed, crashed or stalled."""

@@ -272,7 +272,8 @@ class SharedProgram:
 
 
 class _Decompositions(Mapping[str, ExportedProgram]):
-    """Read-only view of a SharedProgram's decompositions that resolves deferred ones on access."""
+    """Read-only view of a SharedProgram's decompositions that resolves deferred ones on access
+    (a target is in ``_decomposed`` or in ``_deferred``, never both)."""
 
     def __init__(self, owner: SharedProgram) -> None:
         self._owner = owner
@@ -284,11 +285,10 @@ class _Decompositions(Mapping[str, ExportedProgram]):
         return owner._decomposed[target]  # noqa: SLF001
 
     def __iter__(self) -> Iterator[str]:
-        owner = self._owner
-        return iter([*owner._decomposed, *(t for t in owner._deferred if t not in owner._decomposed)])  # noqa: SLF001
+        return iter([*self._owner._decomposed, *self._owner._deferred])  # noqa: SLF001
 
     def __len__(self) -> int:
-        return len(set(self._owner._decomposed) | set(self._owner._deferred))  # noqa: SLF001
+        return len(self._owner._decomposed) + len(self._owner._deferred)  # noqa: SLF001
 
     def __contains__(self, target: object) -> bool:
         return target in self._owner._decomposed or target in self._owner._deferred  # noqa: SLF001
