@@ -6,14 +6,13 @@ does not -> the file it wrote still runs and matches eager.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import pathlib
 
 import pytest
 import torch
 from torch import nn
 
+from dualexport._memory import release_memory
 from dualexport.exporters.base import ExportOptions
 from dualexport.exporters.xnnpack import XnnpackExporter
 from dualexport.shared_state.program import SharedProgram
@@ -28,8 +27,7 @@ def _rss_mb() -> float:
 
 
 def _settle() -> float:
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_memory()  # what the export itself calls between phases: gc + malloc_trim
     return _rss_mb()
 
 
