@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONWARNINGS := ignore
 
-.PHONY: install test test-all test-slow demo bench clean
+.PHONY: install lint test test-all test-slow demo bench clean
 
 install: $(STAMP)
 
@@ -22,8 +22,16 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, executorch, onnxruntime, dualexport; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
-# The default run: fast cases only (well under CI's budget on 2 cores).
-test: install
+# Lint, format, types and the import layers (pyproject.toml: [tool.ruff], [tool.mypy],
+# [tool.importlinter]): checks, not opinions.
+lint: install
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
+
+# The default run: the checks, then the fast cases (well under CI's budget on 2 cores).
+test: lint
 	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider
 
 # Slow cases alone (real Hugging Face architectures, big models).

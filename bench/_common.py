@@ -41,8 +41,7 @@ def samples(fn: Callable[[], object], repeats: int = 3, warmup: bool = False) ->
 
 def ratio(ours: tuple[float, float, float], plain: tuple[float, float, float]) -> str:
     """``ours / plain`` as median (min, max): the ratio printed by every benchmark."""
-    return (f"median {ours[1] / plain[1]:.2f}x (min {ours[0] / plain[0]:.2f}x, "
-            f"max {ours[2] / plain[2]:.2f}x)")
+    return f"median {ours[1] / plain[1]:.2f}x (min {ours[0] / plain[0]:.2f}x, max {ours[2] / plain[2]:.2f}x)"
 
 
 def fmt_s(t: tuple[float, float, float]) -> str:

@@ -16,8 +16,9 @@ ENC_LAYERS, ENC_D, ENC_HEADS, ENC_FF, ENC_SEQ = 6, 256, 8, 1024, 32
 class Encoder(nn.Module):
     """nn.TransformerEncoder without a mask, batch_first (the issue's model, reduced)."""
 
-    def __init__(self, layers: int = ENC_LAYERS, d: int = ENC_D, heads: int = ENC_HEADS,
-                 ff: int = ENC_FF) -> None:
+    def __init__(
+        self, layers: int = ENC_LAYERS, d: int = ENC_D, heads: int = ENC_HEADS, ff: int = ENC_FF
+    ) -> None:
         super().__init__()
         layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.0, batch_first=True)
         self.enc = nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
@@ -46,8 +47,14 @@ def bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, vocab_size=100, max_position_embeddings=32)
+    cfg = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=32,
+    )
     cfg.use_cache = False
     cfg._attn_implementation = "eager"
     ids = torch.randint(0, 100, (2, 8))
@@ -59,8 +66,15 @@ def bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 def big_mlp(width: int = 4096) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """~50 M parameters (201 M in the issue): 2048 -> 4096 -> 4096 -> 4096 -> 2048."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(2048, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                      nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 2048)).eval()
+    m = nn.Sequential(
+        nn.Linear(2048, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 2048),
+    ).eval()
     return m, (torch.randn(4, 2048),)
 
 

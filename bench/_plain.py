@@ -71,5 +71,5 @@ def ort_runner(path: pathlib.Path, inputs: Sequence[torch.Tensor]) -> Any:
     import onnxruntime as ort
 
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feed = {i.name: t.numpy() for i, t in zip(s.get_inputs(), inputs)}
+    feed = {i.name: t.numpy() for i, t in zip(s.get_inputs(), inputs, strict=True)}
     return lambda: s.run(None, feed)

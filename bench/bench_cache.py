@@ -42,7 +42,7 @@ def main() -> None:
             t = time.perf_counter()
             res = dx.export(model, args, out_dir=out / f"cold{i}", name="m")
             warm.append(time.perf_counter() - t)
-            assert all(a.details.get("cached") for a in res.artifacts.values())
+            assert all(isinstance(a.outcome, dx.Reused) for a in res.artifacts.values())
         changed, patched = [], []
         for i in range(3):  # a weights-only change: the previous files are patched
             with torch.no_grad():
@@ -50,16 +50,20 @@ def main() -> None:
             t = time.perf_counter()
             res = dx.export(model, args, out_dir=out / f"cold{i}", name="m")
             changed.append(time.perf_counter() - t)
-            assert not any(a.details.get("cached") for a in res.artifacts.values())
-            patched.append(sorted(t for t, a in res.artifacts.items() if a.details.get("patched")))
+            assert not any(isinstance(a.outcome, dx.Reused) for a in res.artifacts.values())
+            patched.append(sorted(t for t, a in res.artifacts.items() if isinstance(a.outcome, dx.Patched)))
     med = statistics.median
     print("TransformerEncoder (bench/_models.encoder, weights perturbed so layers differ), 3 repeats")
     print(f"cold export  : min {min(cold):.2f} s / median {med(cold):.2f} s / max {max(cold):.2f} s")
     print(f"cached export: min {min(warm):.2f} s / median {med(warm):.2f} s / max {max(warm):.2f} s")
-    print(f"cached/cold ratio: median {med(warm) / med(cold):.2f}x "
-          f"(min {min(warm) / min(cold):.2f}x, max {max(warm) / max(cold):.2f}x)")
-    print(f"weights-only change: min {min(changed):.2f} s / median {med(changed):.2f} s / max "
-          f"{max(changed):.2f} s = {med(changed) / med(cold):.2f}x cold (patched targets: {patched})")
+    print(
+        f"cached/cold ratio: median {med(warm) / med(cold):.2f}x "
+        f"(min {min(warm) / min(cold):.2f}x, max {max(warm) / max(cold):.2f}x)"
+    )
+    print(
+        f"weights-only change: min {min(changed):.2f} s / median {med(changed):.2f} s / max "
+        f"{max(changed):.2f} s = {med(changed) / med(cold):.2f}x cold (patched targets: {patched})"
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import fmt, peak_rss_mb, timed  # noqa: E402
+from _common import fmt, timed
 
 CHILD = r"""
 import json, sys, pathlib, torch
@@ -32,7 +32,7 @@ if mode == "plain":
     s.run(None, {{s.get_inputs()[0].name: x.numpy()}})
     Runtime.get().load_program(str(out / "m.pte")).load_method("forward").execute([x])
 else:
-    from dualexport.reload import compare_dir
+    from dualexport.parity.folder import compare_dir
     base = peak_rss_mb()
     compare_dir(out, name="m")
 print(json.dumps({{"peak": peak_rss_mb(), "base": base}}))
@@ -64,16 +64,20 @@ def main() -> None:
         t_plain, t_ours = timed(plain), timed(ours)
         print(f"plain ORT + ExecuTorch run : {fmt(t_plain)}")
         print(f"dx.compare (eager+ORT+ET)  : {fmt(t_ours)}")
-        print(f"time ratio compare/plain   : median {t_ours[1] / t_plain[1]:.2f}x "
-              f"(min {t_ours[0] / t_plain[0]:.2f}x, max {t_ours[2] / t_plain[2]:.2f}x)")
+        print(
+            f"time ratio compare/plain   : median {t_ours[1] / t_plain[1]:.2f}x "
+            f"(min {t_ours[0] / t_plain[0]:.2f}x, max {t_ours[2] / t_plain[2]:.2f}x)"
+        )
         rss = {}
         for mode in ("plain", "compare"):
             code = CHILD.format(bench=str(pathlib.Path(__file__).parent), out=str(out), mode=mode)
             proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
             data = json.loads(proc.stdout.strip().splitlines()[-1])
             rss[mode] = data["peak"] - data["base"]
-        print(f"peak RSS above import baseline: plain {rss['plain']:.0f} MB, compare {rss['compare']:.0f} MB "
-              f"(ratio {rss['compare'] / max(rss['plain'], 1):.2f}x)")
+        print(
+            f"peak RSS above import baseline: plain {rss['plain']:.0f} MB, compare {rss['compare']:.0f} MB "
+            f"(ratio {rss['compare'] / max(rss['plain'], 1):.2f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import fmt, fmt_s, quiet, ratio  # noqa: E402
+from _common import fmt, fmt_s, quiet, ratio
 
 REPEATS = 3
 
@@ -22,14 +22,16 @@ REPEATS = 3
 def main() -> None:
     quiet()
     import torch
+
     from _models import ENC_D, ENC_LAYERS, ENC_SEQ, MODELS
     from _plain import delegation, et_runner, latency, plain_lower
-
     from dualexport.exporters.backend_passes import pruned_backend_passes
     from dualexport.shared_state.passes import optimize
 
-    print(f"repeats: {REPEATS} (no warm-up); encoder reduced to {ENC_LAYERS} layers d={ENC_D} "
-          f"seq {ENC_SEQ} (issue: d=512); BERT tiny config (2 layers, hidden 32, seq 8)")
+    print(
+        f"repeats: {REPEATS} (no warm-up); encoder reduced to {ENC_LAYERS} layers d={ENC_D} "
+        f"seq {ENC_SEQ} (issue: d=512); BERT tiny config (2 layers, hidden 32, seq 8)"
+    )
     for name, build in MODELS.items():
         model, args = build()
         times: dict[str, list[float]] = {"plain": [], "optimized": [], "opt+pruned": []}
@@ -55,18 +57,22 @@ def main() -> None:
         print(f"\n== {name}")
         for k, edge in edges.items():
             d = delegation(edge)
-            print(f"{k:>10}: {d.subgraphs:3d} subgraph(s), {d.delegated_nodes} delegated, "
-                  f"{d.non_delegated_nodes} not ({d.delegated_share:.1%}); "
-                  f"outside: {', '.join(d.non_delegated_ops()) or '-'}")
+            print(
+                f"{k:>10}: {d.subgraphs:3d} subgraph(s), {d.delegated_nodes} delegated, "
+                f"{d.non_delegated_nodes} not ({d.delegated_share:.1%}); "
+                f"outside: {', '.join(d.non_delegated_ops()) or '-'}"
+            )
         print(f"lowering plain     : {fmt_s(stats['plain'])}")
-        print(f"lowering optimized : {fmt_s(stats['optimized'])} (passes {min(pass_s):.2f}-{max(pass_s):.2f} s)")
+        print(
+            f"lowering optimized : {fmt_s(stats['optimized'])} (passes {min(pass_s):.2f}-{max(pass_s):.2f} s)"
+        )
         print(f"lowering opt+pruned: {fmt_s(stats['opt+pruned'])}")
         print(f"lowering time ratio optimized/plain : {ratio(stats['optimized'], stats['plain'])}")
         print(f"lowering time ratio opt+pruned/plain: {ratio(stats['opt+pruned'], stats['plain'])}")
         with tempfile.TemporaryDirectory() as tmp:
             lat = {}
             with torch.no_grad():  # first: ORT/ExecuTorch thread pools would compete with it
-                lat["eager"] = latency(lambda: model(*args), calls=20)
+                lat["eager"] = latency(lambda m=model, a=args: m(*a), calls=20)
             for k, edge in edges.items():
                 path = pathlib.Path(tmp) / f"{k}.pte"
                 with open(path, "wb") as f:

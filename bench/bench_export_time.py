@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import fmt_s, quiet, ratio, samples  # noqa: E402
+from _common import fmt_s, quiet, ratio, samples
 
 REPEATS = 3
 
@@ -24,28 +24,49 @@ def main() -> None:
     import dualexport as dx
     from _models import ENC_D, ENC_LAYERS, ENC_SEQ, encoder
     from _plain import plain_dual
-
     from dualexport.exporters.base import ExportOptions
 
     model, args = encoder()
-    print(f"TransformerEncoder {ENC_LAYERS} layers d={ENC_D} seq {ENC_SEQ} (issue: d=512, reduced "
-          f"to fit 2 cores); repeats {REPEATS}, no warm-up, paths interleaved")
+    print(
+        f"TransformerEncoder {ENC_LAYERS} layers d={ENC_D} seq {ENC_SEQ} (issue: d=512, reduced "
+        f"to fit 2 cores); repeats {REPEATS}, no warm-up, paths interleaved"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp)
         before = ExportOptions(prune_backend_passes=False, parallel=False)
         runs = {
             "plain (onnx.export + export + lower)": lambda: plain_dual(model, args, out),
             "dx.export serial, all backend passes": lambda: dx.export(
-                model, args, out_dir=out / "old", name="m", strict=True, cache=False, options=before),
+                model, args, out_dir=out / "old", name="m", strict=True, cache=False, options=before
+            ),
             "dx.export (pruned, forked XNNPACK)": lambda: dx.export(
-                model, args, out_dir=out / "dx", name="m", strict=True, cache=False,
-                options=ExportOptions(parallel=True)),
+                model,
+                args,
+                out_dir=out / "dx",
+                name="m",
+                strict=True,
+                cache=False,
+                options=ExportOptions(parallel=True),
+            ),
             "dx.export serial, pruned": lambda: dx.export(
-                model, args, out_dir=out / "ser", name="m", strict=True, cache=False,
-                options=ExportOptions(parallel=False)),
+                model,
+                args,
+                out_dir=out / "ser",
+                name="m",
+                strict=True,
+                cache=False,
+                options=ExportOptions(parallel=False),
+            ),
             "dx.export optimize=True (pruned, forked)": lambda: dx.export(
-                model, args, out_dir=out / "opt", name="m", strict=True, cache=False, optimize=True,
-                options=ExportOptions(parallel=True)),
+                model,
+                args,
+                out_dir=out / "opt",
+                name="m",
+                strict=True,
+                cache=False,
+                optimize=True,
+                options=ExportOptions(parallel=True),
+            ),
         }
         acc: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(REPEATS):  # interleaved, so machine load hits every path alike

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _common import fmt, quiet, ratio  # noqa: E402
+from _common import fmt, quiet, ratio
 
 
 def main() -> None:
@@ -21,11 +21,12 @@ def main() -> None:
     import dualexport as dx
     from _models import ENC_D, ENC_LAYERS, ENC_SEQ, MODELS
     from _plain import et_runner, latency, ort_runner, plain_onnx, plain_pte
-
     from dualexport.shared_state.passes import DEFAULT_PASSES
 
-    print(f"per-call latency, min/median/max over 3 batches of calls after a warm-up; encoder "
-          f"{ENC_LAYERS} layers d={ENC_D} seq {ENC_SEQ} (issue: d=512); BERT tiny config")
+    print(
+        f"per-call latency, min/median/max over 3 batches of calls after a warm-up; encoder "
+        f"{ENC_LAYERS} layers d={ENC_D} seq {ENC_SEQ} (issue: d=512); BERT tiny config"
+    )
     for name, build in MODELS.items():
         model, args = build()
         calls = 20 if name == "encoder" else 100
@@ -36,7 +37,7 @@ def main() -> None:
             res = dx.export(model, args, out_dir=out, name="opt", transforms=DEFAULT_PASSES, strict=True)
             lat = {}
             with torch.no_grad():  # first: ORT/ExecuTorch thread pools would compete with it
-                lat["eager"] = latency(lambda: model(*args), calls=calls)
+                lat["eager"] = latency(lambda m=model, a=args: m(*a), calls=calls)
             lat["ort plain"] = latency(ort_runner(out / "plain.onnx", args), calls=calls)
             lat["ort dx+passes"] = latency(ort_runner(res.artifacts["onnx"].path, args), calls=calls)
             lat["et plain"] = latency(et_runner(out / "plain.pte", args), calls=calls)

@@ -49,7 +49,7 @@ else:
     from dualexport.exporters.base import ExportOptions
     res = dx.export(model, args, out_dir=out, name="m", strict=True, cache=False,
                     options=ExportOptions(parallel={mode!r} == "dx forked"))
-    assert res.artifacts["xnnpack"].details["forked"] == ({mode!r} == "dx forked")
+    assert res.artifacts["xnnpack"].outcome.forked == ({mode!r} == "dx forked")
 import resource
 child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 print(json.dumps({{"base": base, "peak": peak_rss_mb(), "weights": weight_bytes(model),
@@ -74,12 +74,16 @@ def main() -> None:
             worker = max(0.0, r["child"] - r["base"]) if mode == "dx forked" else 0.0
             above[mode].append(r["peak"] - r["base"] + worker)
             weights_mb, base = r["weights"] / 2**20, r["base"]
-    print(f"MLP ~50M params ({weights_mb:.0f} MB of weights; issue: 201M / 805 MB); "
-          f"baseline RSS after imports and model build ~{base:.0f} MB; repeats {REPEATS}, one child each")
+    print(
+        f"MLP ~50M params ({weights_mb:.0f} MB of weights; issue: 201M / 805 MB); "
+        f"baseline RSS after imports and model build ~{base:.0f} MB; repeats {REPEATS}, one child each"
+    )
     for mode, v in above.items():
         lo, med, hi = min(v), statistics.median(v), max(v)
-        print(f"{mode:>9}: peak above baseline min {lo:.0f} / median {med:.0f} / max {hi:.0f} MB = "
-              f"{med / weights_mb:.2f}x weight bytes (min {lo / weights_mb:.2f}x, max {hi / weights_mb:.2f}x)")
+        print(
+            f"{mode:>9}: peak above baseline min {lo:.0f} / median {med:.0f} / max {hi:.0f} MB = "
+            f"{med / weights_mb:.2f}x weight bytes (min {lo / weights_mb:.2f}x, max {hi / weights_mb:.2f}x)"
+        )
     p = statistics.median(above["plain"])
     for mode in ("dx", "dx forked"):
         print(f"peak-above-baseline ratio {mode}/plain: median {statistics.median(above[mode]) / p:.2f}x")

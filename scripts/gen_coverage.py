@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hf", action="store_true", help="include the Hugging Face cases (slow)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "coverage.md")
-    parser.add_argument("--check", action="store_true",
-                        help="compare the stable columns with --out instead of writing it")
+    parser.add_argument(
+        "--check", action="store_true", help="compare the stable columns with --out instead of writing it"
+    )
     parser.add_argument("--case", action="append", default=[], help="only this case (repeatable)")
     ns = parser.parse_args(argv)
 
@@ -61,16 +62,25 @@ def main(argv: list[str] | None = None) -> int:
 
     bad = [r for r in rows if r.cells["status"] in ("FAIL", "XPASS")]
     for r in bad:
-        print(f"DISAGREES WITH CATALOGUE: {r.cells['case']} {r.cells['target']} "
-              f"{r.cells['status']}: {r.cells['note']}", file=sys.stderr)
+        print(
+            f"DISAGREES WITH CATALOGUE: {r.cells['case']} {r.cells['target']} "
+            f"{r.cells['status']}: {r.cells['note']}",
+            file=sys.stderr,
+        )
     command = "scripts/gen_coverage.py" + (" --hf" if ns.hf else "")
     text = render(rows, cases, library_versions(), command)
     if ns.check:
-        committed = {r.cells["case"] + "/" + r.cells["target"]: r.stable()
-                     for r in parse(ns.out.read_text())}
-        diffs = [(r.cells["case"], r.cells["target"], committed.get(r.cells["case"] + "/" + r.cells["target"]),
-                  r.stable()) for r in rows
-                 if committed.get(r.cells["case"] + "/" + r.cells["target"]) != r.stable()]
+        committed = {r.cells["case"] + "/" + r.cells["target"]: r.stable() for r in parse(ns.out.read_text())}
+        diffs = [
+            (
+                r.cells["case"],
+                r.cells["target"],
+                committed.get(r.cells["case"] + "/" + r.cells["target"]),
+                r.stable(),
+            )
+            for r in rows
+            if committed.get(r.cells["case"] + "/" + r.cells["target"]) != r.stable()
+        ]
         for d in diffs:
             print(f"DIFFERS: {d[0]}/{d[1]}: committed {d[2]}, fresh {d[3]}", file=sys.stderr)
         return 1 if diffs or bad else 0

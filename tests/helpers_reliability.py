@@ -4,25 +4,12 @@ folder holds one complete, self-consistent artifact set."""
 from __future__ import annotations
 
 import hashlib
-import inspect
 import pathlib
-import re
 
 import torch
 from torch import nn
 
-import dualexport.api as api
 from dualexport.outputs.atomic import STAGING_PREFIX
-
-# What api.py wires today (the reliability work lands in outputs/ and validation.py; api.py calls
-# it). Tests that need a call api.py does not make yet are xfail(strict=True) until it does.
-_API_SRC = inspect.getsource(api)
-WIRED_SET = "artifact_set(" in _API_SRC
-WIRED_DYNAMIC = re.search(r"validate_export_request\([^)]*dynamic_shapes", _API_SRC) is not None
-WIRED_DELEGATION = "require_full_delegation" in inspect.signature(api.export).parameters
-NEEDS_SET = "needs api.export() to write through outputs.artifact_set (set-level commit)"
-NEEDS_DYNAMIC = "needs api.export() to pass dynamic_shapes= to validate_export_request"
-NEEDS_DELEGATION = "needs api.export(require_full_delegation=...) calling validation.check_full_delegation"
 
 
 class Tiny(nn.Module):
@@ -76,9 +63,11 @@ def leftovers(out: pathlib.Path) -> list[str]:
     """Partial files: temp files, staging folders, an unfinished commit journal."""
     if not out.exists():
         return []
-    return sorted(p.name for p in out.iterdir()
-                  if p.name.startswith(STAGING_PREFIX) or p.name.endswith(".tmp")
-                  or p.name.endswith(".commit.json"))
+    return sorted(
+        p.name
+        for p in out.iterdir()
+        if p.name.startswith(STAGING_PREFIX) or p.name.endswith(".tmp") or p.name.endswith(".commit.json")
+    )
 
 
 def assert_complete_set(out: pathlib.Path, name: str, targets: tuple[str, ...] = ("onnx", "xnnpack")) -> str:
@@ -89,7 +78,7 @@ def assert_complete_set(out: pathlib.Path, name: str, targets: tuple[str, ...] =
     must match the manifest, and so must the bytes in every artifact), so a mix of two exports
     fails here.
     """
-    from dualexport.reload import load_manifest, load_program
+    from dualexport.parity.folder import load_manifest, load_program
     from dualexport.parity.inputs import load_inputs
     from dualexport.weights import verify_manifest
     from dualexport.weights.locate import holder_tensors

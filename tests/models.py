@@ -36,8 +36,7 @@ class WithNonPersistentBuffer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(8, 8)
-        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8).float() / 8)),
-                             persistent=False)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8).float() / 8)), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x) * torch.cos(x * self.inv_freq)

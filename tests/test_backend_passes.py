@@ -20,7 +20,6 @@ import dualexport as dx
 from dualexport.exporters.backend_passes import PASS_NEEDS
 from dualexport.exporters.base import ExportOptions
 from dualexport.exporters.xnnpack import XnnpackExporter
-
 from zoo.models import ZOO
 
 
@@ -47,8 +46,11 @@ def _case(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], dict]:
     torch.manual_seed(0)
     model = case.factory().eval()
     args, kwargs = case.inputs()
-    extra = {"quantize": "int8", "calibration": [case.inputs()[0] for _ in range(4)]} \
-        if case.int8_calibration else {}
+    extra = (
+        {"quantize": "int8", "calibration": [case.inputs()[0] for _ in range(4)]}
+        if case.int8_calibration
+        else {}
+    )
     return model, args, {"kwargs": kwargs or None, **extra}
 
 
@@ -62,10 +64,12 @@ def _sha(path: pathlib.Path) -> str:
 #: mask prologue MultiheadAttention's fast path never emits; ConstPropPass folds only nodes with no
 #: traced argument, and a delegated subgraph gets its weights as lifted placeholders (traced) and
 #: holds no input-free op. Each still has to be skipped somewhere.
-UNREACHABLE = {"PReLUReshapePass": "aten._prelu_kernel.default",
-               "ConstPropPass": "aten.full.default",
-               "RemoveGetItemPass": "aten.max_pool2d_with_indices.default",
-               "ConvertToSDPAPass": "aten._softmax.default"}
+UNREACHABLE = {
+    "PReLUReshapePass": "aten._prelu_kernel.default",
+    "ConstPropPass": "aten.full.default",
+    "RemoveGetItemPass": "aten.max_pool2d_with_indices.default",
+    "ConvertToSDPAPass": "aten._softmax.default",
+}
 
 
 MODELS = ["cnn_batchnorm", "pool_upsample", "sdpa_attention", "masked_attention", "int8_cnn", "triggers"]
@@ -81,14 +85,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
         else:
             model, args, kw = _case(name)
         tmp = tmp_path_factory.mktemp(name)
-        res = dx.export(model, args, target="xnnpack", out_dir=tmp / "pruned", name="m",
-                        cache=False, **kw)
+        res = dx.export(model, args, target="xnnpack", out_dir=tmp / "pruned", name="m", cache=False, **kw)
         assert res.ok, res.errors
         pruned = res.artifacts["xnnpack"]
         full_dir = tmp / "full"
         full_dir.mkdir()
-        full = XnnpackExporter().lower(res.program.decomposed["xnnpack"], full_dir, "m",
-                                       ExportOptions(prune_backend_passes=False))
+        full = XnnpackExporter().lower(
+            res.program.decomposed["xnnpack"], full_dir, "m", ExportOptions(prune_backend_passes=False)
+        )
         out[name] = (pruned.path, full.files[0], res.program.decomposed["xnnpack"])
     return out
 
@@ -104,9 +108,9 @@ def test_every_prunable_pass_runs_and_is_skipped_somewhere(runs: dict, tmp_path:
     skipped: collections.Counter[str] = collections.Counter()
     for name, (_, _, decomposed) in runs.items():
         off = XnnpackExporter().lower(decomposed, tmp_path, name, ExportOptions(prune_backend_passes=False))
-        assert off.details["backend_passes"].ran == (), "with pruning off ExecuTorch's manager runs"
+        assert off.backend_passes.ran == (), "with pruning off ExecuTorch's manager runs"
         lowered = XnnpackExporter().lower(decomposed, tmp_path, name, ExportOptions())
-        record = lowered.details["backend_passes"]
+        record = lowered.backend_passes
         assert record.skipped, f"{name}: nothing was skipped"
         ran.update(record.ran)
         skipped.update(record.skipped)
@@ -120,8 +124,10 @@ def test_pattern_needs_are_in_every_executorch_pattern() -> None:
     every one of ExecuTorch's patterns for that pass, or a real match could be skipped."""
     from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
 
-    for pass_name, graphs in (("ConvertToUpsampleBilinear2d", bilinear_2d.get_graphs()),
-                              ("ConvertToSDPAPass", sdpa.get_graphs())):
+    for pass_name, graphs in (
+        ("ConvertToUpsampleBilinear2d", bilinear_2d.get_graphs()),
+        ("ConvertToSDPAPass", sdpa.get_graphs()),
+    ):
         assert graphs
         for g in graphs:
             assert PASS_NEEDS[pass_name](g.graph), f"{pass_name}: a pattern lacks a needed op"

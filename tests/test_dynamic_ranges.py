@@ -19,8 +19,13 @@ from dualexport.runtimes import open_runner
 @pytest.fixture(scope="module")
 def res(tmp_path_factory: pytest.TempPathFactory) -> dx.ExportResult:
     b = torch.export.Dim("b", min=2, max=8)
-    r = dx.export(nn.Linear(8, 4), (torch.randn(4, 8),), out_dir=tmp_path_factory.mktemp("dyn"),
-                  name="lin", dynamic_shapes=({0: b},))
+    r = dx.export(
+        nn.Linear(8, 4),
+        (torch.randn(4, 8),),
+        out_dir=tmp_path_factory.mktemp("dyn"),
+        name="lin",
+        dynamic_shapes=({0: b},),
+    )
     assert not r.errors
     return r
 

@@ -18,34 +18,48 @@ import pytest
 import torch
 
 import dualexport as dx
-from dualexport.errors import XnnpackLoweringError
 from dualexport.exporters import forked
 from dualexport.exporters.base import ExportOptions
 from dualexport.exporters.forked import ForkedCall, parallel_worthwhile
-
 from models import ConvBN
 from zoo.models import MaxPoolDefaultStride
 
 
 def _digests(res: dx.ExportResult) -> dict[str, str]:
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for a in res.artifacts.values() for f in a.files}
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest() for a in res.artifacts.values() for f in a.files
+    }
 
 
 def test_forked_export_writes_the_serial_bytes(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model, args = ConvBN().eval(), (torch.randn(2, 3, 16, 16),)
-    serial = dx.export(model, args, out_dir=tmp_path / "serial", name="m", cache=False,
-                       options=ExportOptions(parallel=False), strict=True)
-    par = dx.export(model, args, out_dir=tmp_path / "forked", name="m", cache=False,
-                    options=ExportOptions(parallel=True), strict=True)
-    assert par.artifacts["xnnpack"].details["forked"] is True
-    assert serial.artifacts["xnnpack"].details["forked"] is False
+    serial = dx.export(
+        model,
+        args,
+        out_dir=tmp_path / "serial",
+        name="m",
+        cache=False,
+        options=ExportOptions(parallel=False),
+        strict=True,
+    )
+    par = dx.export(
+        model,
+        args,
+        out_dir=tmp_path / "forked",
+        name="m",
+        cache=False,
+        options=ExportOptions(parallel=True),
+        strict=True,
+    )
+    assert isinstance(par.artifacts["xnnpack"].outcome, dx.Lowered)
+    assert par.artifacts["xnnpack"].outcome.forked is True
+    assert serial.artifacts["xnnpack"].outcome.forked is False
     assert _digests(par) == _digests(serial)
     assert par.manifest.to_json() == serial.manifest.to_json()
     # the worker's report crossed the process boundary intact
     assert par.artifacts["xnnpack"].delegation == serial.artifacts["xnnpack"].delegation
-    assert par.artifacts["xnnpack"].details["kept_not_shared"] == ()
+    assert par.artifacts["xnnpack"].outcome.kept_not_shared == ()
     # the parent still holds the decomposed program the worker lowered, linked to the one dict
     assert par.program.decomposed["xnnpack"].state_dict is par.program.state_dict
     assert dx.compare(par).ok
@@ -64,8 +78,14 @@ def test_forked_lowering_failure_is_the_in_process_error(tmp_path: pathlib.Path)
     args = (torch.randn(1, 4, 8, 8),)
     errors = {}
     for mode in (False, True):
-        res = dx.export(MaxPoolDefaultStride(), args, out_dir=tmp_path / str(mode), name="m",
-                        cache=False, options=ExportOptions(parallel=mode))
+        res = dx.export(
+            MaxPoolDefaultStride(),
+            args,
+            out_dir=tmp_path / str(mode),
+            name="m",
+            cache=False,
+            options=ExportOptions(parallel=mode),
+        )
         assert "xnnpack" in res.errors and "onnx" in res.artifacts
         errors[mode] = res.errors["xnnpack"]
     assert type(errors[True]) is type(errors[False])
@@ -99,7 +119,7 @@ def test_auto_mode_stays_serial_for_big_weights() -> None:
 
 def test_cancelled_worker_is_killed_and_reaped() -> None:
     call = ForkedCall(lambda: time.sleep(60), "cancelled")
-    pid = call._pid  # noqa: SLF001
+    pid = call._pid
     call.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped: no zombie, no orphan

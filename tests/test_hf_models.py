@@ -10,9 +10,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from zoo.hf import HF_CASES  # noqa: E402
-from zoo import Case  # noqa: E402
-from zoo.testing import case_params, case_run, check_target  # noqa: E402
+from zoo import Case
+from zoo.hf import HF_CASES
+from zoo.testing import case_params, case_run, check_target
 
 
 @pytest.fixture(scope="session")
@@ -48,4 +48,5 @@ def test_coverage_table_matches_a_fresh_hf_run(hf_dir: pathlib.Path) -> None:
             key = (case.name, fresh.cells["target"])
             assert rows.get(key) == fresh.stable(), (
                 f"{key}: docs/coverage.md {rows.get(key)}, this run {fresh.stable()} "
-                f"(columns {STABLE_COLUMNS}); regenerate with scripts/gen_coverage.py --hf")
+                f"(columns {STABLE_COLUMNS}); regenerate with scripts/gen_coverage.py --hf"
+            )

@@ -19,11 +19,25 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 
 def _screenshot(html: pathlib.Path, png: pathlib.Path, profile: pathlib.Path) -> None:
     subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", "--window-size=1280,1400", f"--screenshot={png}",
-         html.as_uri()],
-        check=True, capture_output=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,1400",
+            f"--screenshot={png}",
+            html.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def _count_color(png: pathlib.Path, rgb: tuple[int, int, int]) -> int:

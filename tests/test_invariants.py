@@ -10,10 +10,12 @@ import torch
 import dualexport as dx
 from dualexport.shared_state import SharedProgram
 from dualexport.shared_state.fingerprint import find_shape_env
-from models import ConvBN, MLP, TiedEmbedding
+from models import MLP, ConvBN, TiedEmbedding
 
 
-def test_torch_export_runs_once_for_both_targets(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_export_runs_once_for_both_targets(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = []
     real = torch.export.export
 
@@ -44,22 +46,32 @@ def test_one_state_dict_and_no_copied_weights(convbn: dx.ExportResult) -> None:
         assert prog.links[target].linked and not prog.links[target].changes
     for target, art in convbn.artifacts.items():
         # every tensor the lowered program still keeps is the holder's own object
-        assert art.details["kept_not_shared"] == (), target
-    assert convbn.artifacts["onnx"].details["kept_tensors"] > 0
-    assert convbn.artifacts["xnnpack"].details["kept_tensors"] >= 1  # num_batches_tracked stays
+        assert isinstance(art.outcome, dx.Lowered) and art.outcome.kept_not_shared == (), target
+    assert convbn.artifacts["onnx"].outcome.kept_tensors > 0
+    assert convbn.artifacts["xnnpack"].outcome.kept_tensors >= 1  # num_batches_tracked stays
 
 
-def test_lowering_leaves_the_program_unchanged(convbn: dx.ExportResult) -> None:
-    before = convbn.program.fingerprint(rehash=False)  # baseline digests from capture
-    after = convbn.program.fingerprint(rehash=True)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic-batch"])
+def test_lowering_leaves_the_program_unchanged(tmp_path: pathlib.Path, dynamic: bool) -> None:
+    """Fingerprint (graph, weights, shape environment) before any lowering, from a capture of
+    its own, and after both targets: equal."""
+    torch.manual_seed(0)
+    model, args = ConvBN().eval(), (torch.randn(2, 3, 8, 8),)
+    dyn = ({0: torch.export.Dim("b", min=1, max=32)},) if dynamic else None
+    before = SharedProgram.capture(model, args, dynamic_shapes=dyn).fingerprint()
+    res = dx.export(model, args, out_dir=tmp_path, name="m", dynamic_shapes=dyn, cache=False)
+    assert not res.errors and set(res.artifacts) == {"onnx", "xnnpack"}
+    assert isinstance(res.artifacts["xnnpack"].outcome, dx.Lowered)
+    after = res.program.fingerprint(rehash=True)
     assert before.diff(after) == ()
+    assert before.graph == after.graph and before.shapes == after.shapes and before.weights == after.weights
 
 
 def test_guard_refuses_a_target_that_changes_a_weight() -> None:
     shared = SharedProgram.capture(MLP(), (torch.randn(2, 16),))
     shared.weight_digests()
     with pytest.raises(dx.ProgramMutatedError, match=r"weight net\.0\.weight"):
-        with shared.guard("xnnpack"):
+        with shared.pinned("xnnpack"):
             with torch.no_grad():
                 shared.state_dict["net.0.weight"].data[0, 0] += 1.0  # no version bump through .data
 
@@ -68,14 +80,14 @@ def test_guard_refuses_a_target_that_changes_the_graph() -> None:
     shared = SharedProgram.capture(MLP(), (torch.randn(2, 16),))
     shared.weight_digests()
     with pytest.raises(dx.ProgramMutatedError, match="graph"):
-        with shared.guard("onnx"):
+        with shared.pinned("onnx"):
             gm = shared.exported_program.graph_module
             relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
             relu.target = torch.ops.aten.sigmoid.default
             gm.recompile()
 
 
-def test_guard_repairs_the_shape_environment() -> None:
+def test_pin_refuses_a_narrowed_range_and_puts_it_back() -> None:
     batch = torch.export.Dim("batch", min=2, max=64)
     shared = SharedProgram.capture(MLP(), (torch.randn(4, 16),), dynamic_shapes=({0: batch},))
     shared.weight_digests()
@@ -83,12 +95,12 @@ def test_guard_repairs_the_shape_environment() -> None:
     assert env is not None
     sym = next(iter(shared.exported_program.range_constraints))
     original = env.var_to_range[sym]
-    with shared.guard("xnnpack"):
-        from torch.utils._sympy.value_ranges import ValueRanges
+    with pytest.raises(dx.RangeNarrowedError, match=r"\[2, 64\] -> \[2, 8\]"):
+        with shared.pinned("xnnpack"):
+            from torch.utils._sympy.value_ranges import ValueRanges
 
-        env.var_to_range[sym] = ValueRanges(2, 8)  # what a careless target might do
-    assert env.var_to_range[sym] == original
-    assert any("shape environment" in n for n in shared.notes)
+            env.var_to_range[sym] = ValueRanges(2, 8)  # what a kernel's size guard does
+    assert env.var_to_range[sym] == original  # the next target sees the declared range
 
 
 def test_tied_weights_are_listed_once(tmp_path: pathlib.Path) -> None:

@@ -19,8 +19,7 @@ import pytest
 
 import dualexport as dx
 from dualexport.outputs import export_lock, recover
-
-from helpers_reliability import NEEDS_SET, WIRED_SET, assert_complete_set, leftovers, tiny, weight_sha
+from helpers_reliability import assert_complete_set, leftovers, tiny, weight_sha
 
 HERE = pathlib.Path(__file__).parent
 NAME = "k"
@@ -29,8 +28,12 @@ PREVIOUS_SEED, NEW_SEED, RERUN_SEED = 1, 2, 3
 
 def _kill_inside(out: pathlib.Path, phase: str, marker: pathlib.Path, timeout: float = 120) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([sys.executable, str(HERE / "helpers_kill.py"), str(out), NAME, str(NEW_SEED),
-                             phase, str(marker)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "helpers_kill.py"), str(out), NAME, str(NEW_SEED), phase, str(marker)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + timeout
     try:
         while not marker.exists():
@@ -51,14 +54,13 @@ def _kill_inside(out: pathlib.Path, phase: str, marker: pathlib.Path, timeout: f
 
 SHA = {seed: weight_sha(tiny(seed)[0]) for seed in (PREVIOUS_SEED, NEW_SEED, RERUN_SEED)}
 
-_set = pytest.mark.xfail(not WIRED_SET, strict=True, reason=NEEDS_SET)
 PHASES = [
     pytest.param("capture", id="capture"),
     pytest.param("transform", id="transform"),
     pytest.param("onnx", id="onnx-lowered-not-committed"),
-    pytest.param("xnnpack", id="xnnpack-after-onnx-done", marks=_set),
-    pytest.param("manifest", id="before-manifest", marks=_set),
-    pytest.param("commit", id="between-two-renames-of-the-commit", marks=_set),
+    pytest.param("xnnpack", id="xnnpack-after-onnx-done"),
+    pytest.param("manifest", id="before-manifest"),
+    pytest.param("commit", id="between-two-renames-of-the-commit"),
 ]
 
 
@@ -96,12 +98,11 @@ def test_sigkill_leaves_a_complete_set(phase: str, previous: pathlib.Path, tmp_p
     assert leftovers(out) == []
 
 
-@_set
 def test_compare_dir_finishes_an_interrupted_commit(previous: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """``dualexport compare DIR`` on a folder whose commit was killed halfway reads the new set."""
     import shutil
 
-    from dualexport.reload import compare_dir
+    from dualexport.parity.folder import compare_dir
 
     out = tmp_path / "out"
     shutil.copytree(previous, out)
@@ -131,7 +132,9 @@ with artifact_set(out, "s") as tx:
 """
 
 
-def _write_set(out: pathlib.Path, text: str, suffixes=(".onnx", ".onnx.data", ".pte", ".weights.json")) -> None:
+def _write_set(
+    out: pathlib.Path, text: str, suffixes=(".onnx", ".onnx.data", ".pte", ".weights.json")
+) -> None:
     from dualexport.outputs import artifact_set
 
     with artifact_set(out, "s") as tx:
@@ -150,7 +153,12 @@ def test_set_commit_replaces_the_whole_set(tmp_path: pathlib.Path) -> None:
     _write_set(out, "old")
     _write_set(out, "new", suffixes=(".onnx", ".pte", ".weights.json"))
     # the old .onnx.data is not part of the new set: removed, not left beside the new .onnx
-    assert _contents(out) == {"s.onnx": "new", "s.pte": "new", "s.weights.json": "new", "other.onnx": "not ours"}
+    assert _contents(out) == {
+        "s.onnx": "new",
+        "s.pte": "new",
+        "s.weights.json": "new",
+        "other.onnx": "not ours",
+    }
     assert leftovers(out) == []
 
 
@@ -191,8 +199,12 @@ def test_sigkill_between_renames_is_rolled_forward(tmp_path: pathlib.Path) -> No
     assert sorted(set(mixed.values())) == ["new", "old"], "the kill did not land between two renames"
     assert (out / ".s.commit.json").exists()
     _write_set(out, "rerun")  # the next export finishes the killed commit first, then commits its own
-    assert _contents(out) == {"s.onnx": "rerun", "s.onnx.data": "rerun", "s.pte": "rerun",
-                              "s.weights.json": "rerun"}
+    assert _contents(out) == {
+        "s.onnx": "rerun",
+        "s.onnx.data": "rerun",
+        "s.pte": "rerun",
+        "s.weights.json": "rerun",
+    }
     assert leftovers(out) == []
 
 
@@ -201,8 +213,9 @@ def test_leftovers_of_live_writers_and_pending_journals_are_kept(tmp_path: pathl
 
     out = tmp_path / "out"
     out.mkdir()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     names = {
         "dead": f"{STAGING_PREFIX}{_HOST}-{dead}-abc",
         "live": f"{STAGING_PREFIX}{_HOST}-{os.getpid()}-abc",
@@ -215,8 +228,12 @@ def test_leftovers_of_live_writers_and_pending_journals_are_kept(tmp_path: pathl
     (out / ".t.commit.json").write_text(json.dumps({"staging": names["pending"]}))
     removed = remove_dead_leftovers(out, keep={names["pending"]})
     assert sorted(removed) == sorted([names["dead"], f".s.onnx.{_HOST}-{dead}.xyz.tmp"])
-    assert {p.name for p in out.iterdir()} == {names["live"], names["pending"], names["other-host"],
-                                               ".t.commit.json"}
+    assert {p.name for p in out.iterdir()} == {
+        names["live"],
+        names["pending"],
+        names["other-host"],
+        ".t.commit.json",
+    }
 
 
 def test_readers_share_the_lock_writers_exclude(tmp_path: pathlib.Path) -> None:
@@ -241,8 +258,14 @@ def test_a_commit_that_cannot_be_finished_says_so(tmp_path: pathlib.Path) -> Non
     out = tmp_path / "out"
     out.mkdir()
     _write_set(out, "old")
-    journal = {"schema": "dualexport.commit/1", "name": "s", "staging": f"{STAGING_PREFIX}gone",
-               "files": ["s.onnx", "s.pte"], "sizes": {"s.onnx": 3, "s.pte": 99}, "remove": []}
+    journal = {
+        "schema": "dualexport.commit/1",
+        "name": "s",
+        "staging": f"{STAGING_PREFIX}gone",
+        "files": ["s.onnx", "s.pte"],
+        "sizes": {"s.onnx": 3, "s.pte": 99},
+        "remove": [],
+    }
     (out / ".s.commit.json").write_text(json.dumps(journal))
     with pytest.raises(ArtifactIOError, match=r"cannot be finished: s\.pte"):
         with export_lock(out, "s"):

@@ -34,8 +34,9 @@ def _settle() -> float:
 @pytest.fixture(scope="module")
 def program() -> tuple[SharedProgram, float, nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                          nn.ReLU(), nn.Linear(2048, 1024)).eval()  # ~10.5 M params, 40 MB
+    model = nn.Sequential(
+        nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 1024)
+    ).eval()  # ~10.5 M params, 40 MB
     x = torch.randn(2, 2048)
     shared = SharedProgram.capture(model, (x,))
     mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20
@@ -49,9 +50,12 @@ def _grown_by_second_lowering(lower) -> float:
     return _settle() - before
 
 
-@pytest.mark.xfail(strict=True, reason="ExecuTorch 1.4.1: every to_edge_transform_and_lower with "
-                   "the XNNPACK partitioner leaves the lowered module's named data (one copy of the "
-                   "weights) alive after the program is dropped")
+@pytest.mark.xfail(
+    strict=True,
+    reason="ExecuTorch 1.4.1: every to_edge_transform_and_lower with "
+    "the XNNPACK partitioner leaves the lowered module's named data (one copy of the "
+    "weights) alive after the program is dropped",
+)
 def test_plain_lowering_releases_its_weights_copy(program) -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower

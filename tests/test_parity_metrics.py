@@ -43,7 +43,9 @@ def test_nan_where_reference_is_finite_fails_whatever_the_tolerance() -> None:
     a = torch.tensor([0.0, float("nan"), 0.0, 0.0])
     m = compute_metrics(a, r, rtol=1e9, atol=1e9)
     assert not m.nonfinite_ok and not m.ok
-    both = compute_metrics(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]), rtol=0, atol=0)
+    both = compute_metrics(
+        torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]), rtol=0, atol=0
+    )
     assert both.ok  # the same NaN pattern is agreement
 
 

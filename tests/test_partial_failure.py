@@ -18,9 +18,9 @@ def test_onnx_failure_leaves_xnnpack_artifact(tmp_path: pathlib.Path) -> None:
     err = res.errors["onnx"]
     assert isinstance(err, dx.OnnxLoweringError) and err.target == "onnx"
     text = str(err)
-    assert "aten._cdist_forward.default" in text          # which op
-    assert "node '_cdist_forward'" in text                 # which node
-    assert "models.py" in text and "torch.cdist" in text   # the user's line
+    assert "aten._cdist_forward.default" in text  # which op
+    assert "node '_cdist_forward'" in text  # which node
+    assert "models.py" in text and "torch.cdist" in text  # the user's line
     assert "What to try" in text and "target='xnnpack'" in text
     assert not (tmp_path / "cd.onnx").exists()
     assert (tmp_path / "cd.pte").is_file()

@@ -18,19 +18,18 @@ import dualexport as dx
 from dualexport.shared_state.passes import DEFAULT_PASSES, fold_constants, xnnpack_friendly
 from zoo import ZOO, Case
 from zoo.hf import HF_CASES
-from zoo.models import Encoder, TiedLM
 
 _BY_NAME = {c.name: c for c in ZOO + HF_CASES}
 
 
-def _export(case: Case, out: pathlib.Path, transforms: Any = DEFAULT_PASSES, *,
-            dynamic: bool = True) -> Any:
+def _export(case: Case, out: pathlib.Path, transforms: Any = DEFAULT_PASSES, *, dynamic: bool = True) -> Any:
     torch.manual_seed(0)
     model = case.factory().eval()
     args, kwargs = case.inputs()
     dyn = case.dynamic_shapes() if (dynamic and case.dynamic_shapes) else None
-    res = dx.export(model, args, kwargs or None, out_dir=out, name=case.name,
-                    dynamic_shapes=dyn, transforms=transforms)
+    res = dx.export(
+        model, args, kwargs or None, out_dir=out, name=case.name, dynamic_shapes=dyn, transforms=transforms
+    )
     assert not res.errors, {t: str(e) for t, e in res.errors.items()}
     return res
 

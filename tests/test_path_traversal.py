@@ -21,9 +21,8 @@ from onnx import TensorProto, helper
 import dualexport as dx
 from dualexport.cli import EXIT_USAGE, main
 from dualexport.errors import ArtifactFormatError, UnsafeArtifactError
-from dualexport.reload import compare_dir, load_program
+from dualexport.parity.folder import compare_dir, load_program
 from dualexport.weights.readers import read_onnx
-
 from helpers_reliability import snapshot, tiny
 
 SECRET = np.arange(4, dtype=np.float32).tobytes()
@@ -36,8 +35,13 @@ def _onnx_with_external(folder: pathlib.Path, location: str) -> pathlib.Path:
     for k, v in (("location", location), ("offset", "0"), ("length", str(len(SECRET)))):
         entry = w.external_data.add()
         entry.key, entry.value = k, v
-    graph = helper.make_graph([helper.make_node("Identity", ["W"], ["y"])], "g", [],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializer=[w])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["W"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        initializer=[w],
+    )
     path = folder / "model.onnx"
     path.write_bytes(helper.make_model(graph).SerializeToString())
     return path
@@ -96,8 +100,9 @@ def _point_external_data_at(path: pathlib.Path, location: str) -> None:
     path.write_bytes(model.SerializeToString())
 
 
-def test_compare_dir_refuses_traversal_before_any_runtime(exported: pathlib.Path, tmp_path: pathlib.Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compare_dir_refuses_traversal_before_any_runtime(
+    exported: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     shutil.copytree(exported, out)
     (out / ".t.set.json").unlink(missing_ok=True)  # a crafted folder carries no set record

@@ -25,8 +25,14 @@ def _calibration(shape: tuple[int, ...], n: int = 8) -> list[tuple[torch.Tensor]
 @pytest.fixture(scope="module", params=["mlp", "conv"])
 def qres(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dx.ExportResult:
     model, shape = (MLP(), (4, 16)) if request.param == "mlp" else (ConvBN(), (1, 3, 8, 8))
-    res = dx.export(model, (torch.randn(*shape),), out_dir=tmp_path_factory.mktemp("q"), name="q",
-                    quantize="int8", calibration=_calibration(shape))
+    res = dx.export(
+        model,
+        (torch.randn(*shape),),
+        out_dir=tmp_path_factory.mktemp("q"),
+        name="q",
+        quantize="int8",
+        calibration=_calibration(shape),
+    )
     assert not res.errors, res.errors
     return res
 
@@ -68,8 +74,11 @@ def test_activation_scales_are_in_both_artifacts(qres: dx.ExportResult) -> None:
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
     for i in model.graph.initializer:
         consts[i.name] = numpy_helper.to_array(i)
-    onnx_scales = {float(np.float32(consts[n.input[1]])) for n in model.graph.node
-                   if n.op_type == "QuantizeLinear" and n.input[1] in consts}
+    onnx_scales = {
+        float(np.float32(consts[n.input[1]]))
+        for n in model.graph.node
+        if n.op_type == "QuantizeLinear" and n.input[1] in consts
+    }
     pte = qres.artifacts["xnnpack"].path.read_bytes()
     for s in act:
         assert float(np.float32(s)) in onnx_scales

@@ -14,20 +14,22 @@ import torch
 from torch import nn
 
 import dualexport as dx
-
 from models import ConvBN
 
 
 def _sha(res: dx.ExportResult) -> dict[str, str]:
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for a in res.artifacts.values() for f in a.files}
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest() for a in res.artifacts.values() for f in a.files
+    }
 
 
 def _patched(res: dx.ExportResult) -> dict[str, int]:
-    return {t: a.details["patched"] for t, a in res.artifacts.items() if "patched" in a.details}
+    return {t: a.outcome.patched for t, a in res.artifacts.items() if isinstance(a.outcome, dx.Patched)}
 
 
-def _again_and_fresh(model: nn.Module, args: tuple, tmp: pathlib.Path) -> tuple[dx.ExportResult, dx.ExportResult]:
+def _again_and_fresh(
+    model: nn.Module, args: tuple, tmp: pathlib.Path
+) -> tuple[dx.ExportResult, dx.ExportResult]:
     again = dx.export(model, args, out_dir=tmp / "set", name="m", strict=True)
     fresh = dx.export(model, args, out_dir=tmp / "fresh", name="m", strict=True, cache=False)
     assert _sha(again) == _sha(fresh)
@@ -61,7 +63,7 @@ def test_linear_weights_are_patched_in_both_files(tmp_path: pathlib.Path) -> Non
     again, _ = _again_and_fresh(model, args, tmp_path)
     assert _patched(again) == {"onnx": 2, "xnnpack": 2}
     # patched targets defer their decompositions, which still link to the one dict when read
-    assert again.program._decomposed == {}  # noqa: SLF001
+    assert again.program._decomposed == {}
     assert all(d.state_dict is again.program.state_dict for d in again.program.decomposed.values())
 
 
@@ -115,7 +117,7 @@ def test_changed_graph_is_not_patched(tmp_path: pathlib.Path) -> None:
     model.norm = nn.Identity()
     again = dx.export(model, args, out_dir=tmp_path / "set", name="m", strict=True)
     assert _patched(again) == {}
-    assert not any(a.details.get("cached") for a in again.artifacts.values())
+    assert not any(isinstance(a.outcome, dx.Reused) for a in again.artifacts.values())
 
 
 def test_new_value_equal_to_another_weight_is_not_patched(tmp_path: pathlib.Path) -> None:

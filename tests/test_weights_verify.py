@@ -83,7 +83,7 @@ def test_missing_data_file_is_a_clear_error(res: dx.ExportResult) -> None:
 
 
 def test_compare_dir_rechecks_from_disk(res: dx.ExportResult, tmp_path: pathlib.Path) -> None:
-    from dualexport.reload import compare_dir
+    from dualexport.parity.folder import compare_dir
 
     copy = tmp_path / "copy"
     shutil.copytree(res.out_dir, copy)

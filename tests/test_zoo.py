@@ -79,7 +79,8 @@ def test_coverage_table_matches_a_fresh_zoo_run(zoo_dir: pathlib.Path) -> None:
             assert fresh.stable() == tuple(committed[c] for c in _STABLE), (
                 f"{case.name}/{fresh.cells['target']}: docs/coverage.md says "
                 f"{[committed[c] for c in _STABLE]}, this run {list(fresh.stable())}; "
-                "regenerate with scripts/gen_coverage.py --hf")
+                "regenerate with scripts/gen_coverage.py --hf"
+            )
 
 
 def test_input_above_a_dynamic_max_is_an_input_error(zoo_dir: pathlib.Path) -> None:

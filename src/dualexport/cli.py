@@ -1,9 +1,9 @@
 """The ``dualexport`` command: export MODULE:ATTR to both targets, or re-check a folder.
 
 Exit codes (DESIGN.md): 0 all good, 1 a parity or weight check failed, 2 bad usage or input,
-3 a target failed to export. With ``export --strict`` any target failure raises, nothing is
-committed, and the exit code is 3 (2 when the cause is the user's input). An unexpected exception
-is reported as an internal error with code 3 (``-v`` shows its traceback).
+3 a target failed to export, 4 an internal error (a bug in dualexport or a library it drives; the
+message says so). With ``export --strict`` any target failure raises and nothing is committed.
+``-v`` (before or after the subcommand) logs progress and prints each error's chained causes.
 """
 
 from __future__ import annotations
@@ -16,28 +16,51 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import DualExportError, InputError, ParityError, UserError, WeightMismatchError
+from .display import console, print_delegation, print_parity, print_weights
+from .errors import DualExportError, InputError, InternalError, ParityError, UserError, WeightMismatchError
 
 __all__ = ["main", "parse_input_spec", "load_model"]
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_TARGET_FAILED = 0, 1, 2, 3
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
-_DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32", "float16": "float16",
-           "fp16": "float16", "bfloat16": "bfloat16", "int64": "int64", "long": "int64",
-           "int32": "int32", "int": "int32", "bool": "bool", "uint8": "uint8", "int8": "int8"}
+EXIT_CODES = """exit codes:
+  0  all good
+  1  a parity or weight check failed
+  2  bad usage or input (the message says what to try)
+  3  a target failed to export (its error names the op, the node and the model line)
+  4  an internal error: a bug in dualexport or a library it drives, not in your input"""
+
+_DTYPES = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "bool": "bool",
+    "uint8": "uint8",
+    "int8": "int8",
+}
 
 
 def parse_input_spec(spec: str) -> tuple[tuple[int, ...], str]:
     """'1x3x224x224:float32' -> ((1, 3, 224, 224), 'float32')."""
-    shape_text, _, dtype = spec.partition(":")
-    dtype = _DTYPES.get((dtype or "float32").strip().lower())
+    shape_text, _, dtype_text = spec.partition(":")
+    dtype = _DTYPES.get((dtype_text or "float32").strip().lower())
     if dtype is None:
-        raise InputError(f"--input {spec!r}: unknown dtype", hint=f"use one of {sorted(set(_DTYPES.values()))}")
+        raise InputError(
+            f"--input {spec!r}: unknown dtype", hint=f"use one of {sorted(set(_DTYPES.values()))}"
+        )
     try:
         shape = tuple(int(d) for d in shape_text.lower().split("x")) if shape_text else ()
     except ValueError:
-        raise InputError(f"--input {spec!r}: shape must be dims joined by 'x'",
-                         hint="e.g. --input 1x3x224x224:float32") from None
+        raise InputError(
+            f"--input {spec!r}: shape must be dims joined by 'x'", hint="e.g. --input 1x3x224x224:float32"
+        ) from None
     if any(d <= 0 for d in shape):
         raise InputError(f"--input {spec!r}: every dimension must be positive")
     return shape, dtype
@@ -61,15 +84,18 @@ def load_model(ref: str) -> Any:
 
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(f"model reference {ref!r} is not MODULE:ATTR",
-                         hint="e.g. dualexport.examples:TinyConvNet")
+        raise InputError(
+            f"model reference {ref!r} is not MODULE:ATTR", hint="e.g. dualexport.examples:TinyConvNet"
+        )
     if str(pathlib.Path.cwd()) not in sys.path:
         sys.path.insert(0, str(pathlib.Path.cwd()))
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise InputError(f"cannot import {module_name!r}: {exc}",
-                         hint="run from the folder that holds the module, or install it") from exc
+        raise InputError(
+            f"cannot import {module_name!r}: {exc}",
+            hint="run from the folder that holds the module, or install it",
+        ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -81,91 +107,41 @@ def load_model(ref: str) -> Any:
         try:
             made = obj()
         except TypeError as exc:
-            raise InputError(f"{ref} could not be called without arguments: {exc}",
-                             hint="point at a module instance or a zero-argument factory") from exc
+            raise InputError(
+                f"{ref} could not be called without arguments: {exc}",
+                hint="point at a module instance or a zero-argument factory",
+            ) from exc
         if isinstance(made, torch.nn.Module):
             return made
         raise InputError(f"{ref}() returned {type(made).__name__}, not an nn.Module")
     raise InputError(f"{ref} is a {type(obj).__name__}, not an nn.Module, class or factory")
 
 
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 120)
-
-
-def _print_delegation(console: Any, res: Any) -> None:
-    from rich.table import Table
-
-    art = res.artifacts.get("xnnpack")
-    if art is None or art.delegation is None:
-        return
-    d = art.delegation
-    t = Table(title=f"XNNPACK delegation: {d.subgraphs} subgraph(s), {d.delegated_nodes} delegated, "
-                    f"{d.non_delegated_nodes} not ({100 * d.delegated_share:.0f}%)")
-    t.add_column("op_type")
-    t.add_column("delegated", justify="right")
-    t.add_column("non-delegated", justify="right")
-    for op, (dn, nd) in d.by_op.items():
-        t.add_row(op, str(dn), str(nd))
-    console.print(t)
-
-
-def _print_weights(console: Any, manifest: Any, check: Any | None, error: Exception | None) -> None:
-    from rich.table import Table
-
-    t = Table(title="Weight manifest (from the files on disk)")
-    t.add_column("target")
-    for col in ("exact", "transformed", "not_stored", "missing", "mismatch"):
-        t.add_column(col, justify="right")
-    for target in manifest.artifacts:
-        c = manifest.counts(target)
-        t.add_row(target, *(str(c.get(k, 0)) for k in ("exact", "transformed", "not_stored", "missing", "mismatch")))
-    console.print(t)
-    if error is not None:
-        console.print(f"[bold red]weight check FAILED[/]: {error}")
-    elif check is not None:
-        console.print(f"[green]weight check passed[/]: {check.entries} entries; bit-exact "
-                      + ", ".join(f"{k} {v}" for k, v in check.exact.items()))
-
-
-def _print_parity(console: Any, report: Any) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"Parity vs eager: {'PASS' if report.ok else 'FAIL'}")
-    for col in ("output", "runtime", "max_abs", "max_rel", "cosine", "snr_db", "mismatch %", "ok"):
-        t.add_column(col, justify="right" if col not in ("output", "runtime") else "left")
-    for o in report.outputs:
-        for rt, m in o.metrics.items():
-            t.add_row(f"{o.label} {list(o.shape)}", rt, f"{m.max_abs:.3g}", f"{m.max_rel:.3g}",
-                      f"{m.cosine:.6f}", f"{m.snr_db:.1f}", f"{m.mismatch_pct:.2f}",
-                      "yes" if m.ok else "[red]no[/]")
-    console.print(t)
-    for rt, err in report.errors.items():
-        console.print(f"[red]{rt} failed to run[/]: {err}")
-    for rt, d in report.divergences.items():
-        if d is not None:
-            console.print(f"[red]{rt}: first divergence[/] at node {d.node} ({d.op})"
-                          + (f" — {d.source}" if d.source else ""))
-
-
 def _cmd_export(ns: argparse.Namespace) -> int:
     from . import api
 
-    console = _console()
+    out = console()
     model = load_model(ns.model)
     if not ns.input:
-        raise InputError("at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32")
+        raise InputError(
+            "at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32"
+        )
     args = tuple(make_input(*parse_input_spec(s), seed=i) for i, s in enumerate(ns.input))
-    with console.status(f"exporting {ns.model} to {ns.target} ..."):
-        res = api.export(model, args, target=ns.target, out_dir=ns.out, name=ns.name, strict=ns.strict,
-                         optimize=ns.optimize)
+    with out.status(f"exporting {ns.model} to {ns.target} ..."):
+        res = api.export(
+            model,
+            args,
+            target=ns.target,
+            out_dir=ns.out,
+            name=ns.name,
+            strict=ns.strict,
+            optimize=ns.optimize,
+        )
     for t, art in res.artifacts.items():
-        console.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
+        out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
     for t, err in res.errors.items():
-        console.print(f"[bold red]{t} failed[/]: {err}")
-    _print_delegation(console, res)
+        out.print(f"[bold red]{t} failed[/]: {err}")
+    print_delegation(out, res)
     code = EXIT_OK
     check, werr = None, None
     try:
@@ -173,10 +149,10 @@ def _cmd_export(ns: argparse.Namespace) -> int:
     except WeightMismatchError as exc:
         werr = exc
         code = EXIT_CHECK_FAILED
-    _print_weights(console, res.manifest, check, werr)
+    print_weights(out, res.manifest, check, werr)
     if ns.compare and res.artifacts:
         report = api.compare(res)
-        _print_parity(console, report)
+        print_parity(out, report)
         from .outputs import atomic_write_text
 
         atomic_write_text(res.out_dir / f"{res.name}.parity.json", report.to_json())
@@ -184,53 +160,117 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             code = EXIT_CHECK_FAILED
     if res.errors:
         code = EXIT_TARGET_FAILED
+        if any(isinstance(e, InternalError) for e in res.errors.values()):
+            code = EXIT_INTERNAL
+        if ns.verbose:
+            for err in res.errors.values():
+                _print_causes(err)
     return code
 
 
 def _cmd_compare(ns: argparse.Namespace) -> int:
     from .outputs import atomic_write_text
-    from .reload import compare_dir
+    from .parity.folder import compare_dir
 
-    console = _console()
-    report, check, werr, name = compare_dir(pathlib.Path(ns.dir), name=ns.name, rtol=ns.rtol,
-                                            atol=ns.atol, steps=ns.steps, inputs=ns.inputs, generate=ns.generate)
+    out = console()
+    report, check, werr, name = compare_dir(
+        pathlib.Path(ns.dir),
+        name=ns.name,
+        rtol=ns.rtol,
+        atol=ns.atol,
+        steps=ns.steps,
+        inputs=ns.inputs,
+        generate=ns.generate,
+    )
     if check is not None or werr is not None:
-        from .reload import load_manifest
+        from .parity.folder import load_manifest
 
-        _print_weights(console, load_manifest(pathlib.Path(ns.dir), name), check, werr)
-    _print_parity(console, report)
+        print_weights(out, load_manifest(pathlib.Path(ns.dir), name), check, werr)
+    print_parity(out, report)
     atomic_write_text(pathlib.Path(ns.dir) / f"{name}.parity.json", report.to_json())
     if ns.html:
         report.save_html(pathlib.Path(ns.dir) / f"{name}.parity.html")
     return EXIT_OK if report.ok and werr is None else EXIT_CHECK_FAILED
 
 
+def _print_causes(exc: BaseException) -> None:
+    """The chain behind an error (``-v``): each cause's type and message, innermost last."""
+    cause, depth = exc.__cause__ or exc.__context__, 0
+    while cause is not None and depth < 8:
+        text = str(cause).strip().splitlines()
+        console().print(
+            f"  caused by {type(cause).__name__}: " + ("\n    ".join(text[:12]) if text else ""), markup=False
+        )
+        cause, depth = cause.__cause__ or cause.__context__, depth + 1
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dualexport", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log progress and print each error's chained causes",
+    )
+    p = argparse.ArgumentParser(
+        prog="dualexport",
+        description=__doc__.splitlines()[0],
+        parents=[common],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("export", help="export MODULE:ATTR to ONNX and ExecuTorch/XNNPACK")
+    e = sub.add_parser(
+        "export",
+        help="export MODULE:ATTR to ONNX and ExecuTorch/XNNPACK",
+        parents=[common],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     e.add_argument("model", help="MODULE:ATTR (an nn.Module instance, class or zero-argument factory)")
-    e.add_argument("--input", action="append", default=[], metavar="SHAPE:DTYPE",
-                   help="an example input, e.g. 1x3x224x224:float32 (repeat for several)")
+    e.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="SHAPE:DTYPE",
+        help="an example input, e.g. 1x3x224x224:float32 (repeat for several)",
+    )
     e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
     e.add_argument("--out", default="dualexport_out", help="output folder")
     e.add_argument("--name", default="model", help="file name stem of the artifacts")
     e.add_argument("--compare", action="store_true", help="run the parity check after export")
-    e.add_argument("--strict", action="store_true",
-                   help="fail (exit 3) when any target fails, and keep the previous artifacts")
-    e.add_argument("--optimize", action="store_true",
-                   help="apply the shared-program passes (constant folding, XNNPACK-friendly rewrites)")
+    e.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 3) when any target fails, and keep the previous artifacts",
+    )
+    e.add_argument(
+        "--optimize",
+        action="store_true",
+        help="apply the shared-program passes (constant folding, XNNPACK-friendly rewrites)",
+    )
     e.set_defaults(func=_cmd_export)
-    c = sub.add_parser("compare", help="re-run the weight and parity checks on a folder")
+    c = sub.add_parser(
+        "compare",
+        help="re-run the weight and parity checks on a folder",
+        parents=[common],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("dir")
     c.add_argument("--name", default=None, help="which export in the folder (default: the only one)")
     c.add_argument("--rtol", type=float, default=None)
     c.add_argument("--atol", type=float, default=None)
     c.add_argument("--steps", type=int, default=1, help="calls per input set (stateful models)")
     c.add_argument("--inputs", default=None, help="extra inputs: a .npz or .pt file (no pickle)")
-    c.add_argument("--generate", type=int, default=0, metavar="N",
-                   help="N extra random seeds plus large-magnitude and all-zero inputs")
+    c.add_argument(
+        "--generate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N extra random seeds plus large-magnitude and all-zero inputs",
+    )
     c.add_argument("--html", action="store_true", help="also write <name>.parity.html")
     c.set_defaults(func=_cmd_compare)
     return p
@@ -242,25 +282,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parser.parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
-    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    ns.verbose = getattr(ns, "verbose", False)
+    logging.basicConfig(
+        level=logging.INFO if ns.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    error: DualExportError
     try:
-        return ns.func(ns)
+        return int(ns.func(ns))
     except UserError as exc:
-        _console().print(f"[bold red]error[/]: {exc}")
-        return EXIT_USAGE
+        code, error, label = EXIT_USAGE, exc, "error"
     except (WeightMismatchError, ParityError) as exc:
-        _console().print(f"[bold red]check failed[/]: {exc}")
-        return EXIT_CHECK_FAILED
+        code, error, label = EXIT_CHECK_FAILED, exc, "check failed"
+    except InternalError as exc:
+        code, error, label = EXIT_INTERNAL, exc, "internal error"
     except DualExportError as exc:
-        _console().print(f"[bold red]error[/]: {exc}")
-        return EXIT_TARGET_FAILED
+        code, error, label = EXIT_TARGET_FAILED, exc, "error"
     except Exception as exc:  # not anticipated: say so plainly instead of a bare traceback
         logging.getLogger(__name__).info("internal error", exc_info=True)
-        _console().print(f"[bold red]internal error[/] (a bug in dualexport or a library it drives, "
-                         f"not in your input): {type(exc).__name__}: {exc}\nWhat to try: rerun with -v "
-                         "and report the traceback")
-        return EXIT_TARGET_FAILED
+        console().print(
+            f"[bold red]internal error[/] (a bug in dualexport or a library it drives, "
+            f"not in your input): {type(exc).__name__}: {exc}\nWhat to try: rerun with -v "
+            "and report the traceback",
+            markup=True,
+        )
+        return EXIT_INTERNAL
+    console().print(f"[bold red]{label}[/]: ", end="")
+    console().print(str(error), markup=False)
+    if ns.verbose:
+        _print_causes(error)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

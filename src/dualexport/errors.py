@@ -33,6 +33,7 @@ __all__ = [
     "DiskSpaceError",
     "DelegationError",
     "ProgramMutatedError",
+    "RangeNarrowedError",
 ]
 
 
@@ -45,14 +46,13 @@ class DualExportError(Exception):
 
     phase: str = "dualexport"
 
-    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None,
-                 node: Any = None):
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None, node: Any = None):
         if node is not None:
             message = f"{message} at {_describe(node)}"
         self.message = message
         self.target = target
         self.hint = hint
-        self.node = getattr(node, "name", node)
+        self.node = node if node is None or isinstance(node, str) else getattr(node, "name", str(node))
         text = message
         if target is not None and not message.startswith(f"[{target}]"):
             text = f"[{target}] {text}"
@@ -67,13 +67,10 @@ class DualExportError(Exception):
 
 
 def _describe(node: Any) -> str:
-    """'op X at node 'n' (model line: ...)' for an fx node; ``str(node)`` for anything else."""
-    try:
-        from .shared_state.nodes import describe_node
-
-        return describe_node(node)
-    except Exception:  # a plain string, or a node without meta: name it as given
-        return repr(getattr(node, "name", node))
+    """A node as the caller described it (``shared_state.nodes.describe_node`` gives 'op X at
+    node 'n' (model line: ...)'), or its name. This module imports nothing of ours: every other
+    package imports it."""
+    return node if isinstance(node, str) else repr(getattr(node, "name", node))
 
 
 class UserError(DualExportError):
@@ -83,8 +80,7 @@ class UserError(DualExportError):
 class InternalError(DualExportError):
     """A bug in dualexport or in a library it drives; the message says so."""
 
-    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None,
-                 node: Any = None):
+    def __init__(self, message: str, *, target: str | None = None, hint: str | None = None, node: Any = None):
         super().__init__(
             f"internal error (a bug in dualexport or the library it drives, not in your input): {message}",
             target=target,
@@ -137,8 +133,15 @@ class DelegationError(XnnpackLoweringError):
     ``ops`` names each op that was not delegated, so a caller can act on it without parsing text.
     """
 
-    def __init__(self, message: str, *, ops: Sequence[str] = (), target: str | None = "xnnpack",
-                 hint: str | None = None, node: Any = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        ops: Sequence[str] = (),
+        target: str | None = "xnnpack",
+        hint: str | None = None,
+        node: Any = None,
+    ):
         self.ops = tuple(ops)
         super().__init__(message, target=target, hint=hint, node=node)
 
@@ -166,8 +169,14 @@ class WeightMismatchError(DualExportError):
 
     phase = "weights"
 
-    def __init__(self, message: str, *, problems: tuple[str, ...] = (), target: str | None = None,
-                 hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        problems: tuple[str, ...] = (),
+        target: str | None = None,
+        hint: str | None = None,
+    ):
         self.problems = problems
         super().__init__(message, target=target, hint=hint)
 
@@ -193,8 +202,15 @@ class ExportLockedError(ArtifactIOError):
 class DiskSpaceError(ArtifactIOError):
     """The output folder's file system has less free space than the artifacts need."""
 
-    def __init__(self, message: str, *, need: int = 0, free: int = 0, target: str | None = None,
-                 hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        need: int = 0,
+        free: int = 0,
+        target: str | None = None,
+        hint: str | None = None,
+    ):
         self.need = need
         self.free = free
         super().__init__(message, target=target, hint=hint)
@@ -204,3 +220,9 @@ class ProgramMutatedError(InternalError):
     """Lowering changed the shared program and it could not be repaired."""
 
     phase = "lowering"
+
+
+class RangeNarrowedError(LoweringError):
+    """A target could not honour a declared dynamic range: its lowering narrowed the program's
+    shape environment, or its file records or accepts less than was declared. The target is
+    refused before any of its files is published."""

@@ -15,12 +15,27 @@ from .runner import CaseRun
 
 __all__ = ["Row", "COLUMNS", "STABLE_COLUMNS", "rows_for", "render", "parse", "status_of"]
 
-COLUMNS: tuple[str, ...] = ("case", "group", "target", "status", "max abs error",
-                            "XNNPACK delegated/total nodes", "XNNPACK subgraphs", "export s",
-                            "capture s", "note")
+COLUMNS: tuple[str, ...] = (
+    "case",
+    "group",
+    "target",
+    "status",
+    "max abs error",
+    "XNNPACK delegated/total nodes",
+    "XNNPACK subgraphs",
+    "export s",
+    "capture s",
+    "note",
+)
 #: Columns that do not depend on timing or floating-point noise.
-STABLE_COLUMNS: tuple[str, ...] = ("case", "group", "target", "status",
-                                   "XNNPACK delegated/total nodes", "XNNPACK subgraphs")
+STABLE_COLUMNS: tuple[str, ...] = (
+    "case",
+    "group",
+    "target",
+    "status",
+    "XNNPACK delegated/total nodes",
+    "XNNPACK subgraphs",
+)
 
 _BEGIN, _END = "<!-- coverage:begin -->", "<!-- coverage:end -->"
 
@@ -54,25 +69,33 @@ def rows_for(run: CaseRun) -> list[Row]:
     for target, o in run.outcomes.items():
         status = status_of(run.case, target, o.passed)
         note = run.case.xfail.get(target) if status == "xfail" else o.failure
-        nodes = (f"{o.delegated_nodes}/{o.total_nodes}" if target == "xnnpack"
-                 and o.delegated_nodes is not None else "")
-        rows.append(Row({
-            "case": run.case.name,
-            "group": run.case.group,
-            "target": target,
-            "status": status,
-            "max abs error": f"{o.max_abs:.2e}" if o.max_abs is not None else "",
-            "XNNPACK delegated/total nodes": nodes,
-            "XNNPACK subgraphs": str(o.subgraphs) if target == "xnnpack" and o.subgraphs is not None else "",
-            "export s": f"{o.export_seconds:.1f}" if o.export_seconds is not None else "",
-            "capture s": f"{run.capture_seconds:.1f}" if run.capture_seconds is not None else "",
-            "note": _short(note),
-        }))
+        nodes = (
+            f"{o.delegated_nodes}/{o.total_nodes}"
+            if target == "xnnpack" and o.delegated_nodes is not None
+            else ""
+        )
+        rows.append(
+            Row(
+                {
+                    "case": run.case.name,
+                    "group": run.case.group,
+                    "target": target,
+                    "status": status,
+                    "max abs error": f"{o.max_abs:.2e}" if o.max_abs is not None else "",
+                    "XNNPACK delegated/total nodes": nodes,
+                    "XNNPACK subgraphs": str(o.subgraphs)
+                    if target == "xnnpack" and o.subgraphs is not None
+                    else "",
+                    "export s": f"{o.export_seconds:.1f}" if o.export_seconds is not None else "",
+                    "capture s": f"{run.capture_seconds:.1f}" if run.capture_seconds is not None else "",
+                    "note": _short(note),
+                }
+            )
+        )
     return rows
 
 
-def render(rows: Iterable[Row], cases: Iterable[Case], versions: Mapping[str, str],
-           command: str) -> str:
+def render(rows: Iterable[Row], cases: Iterable[Case], versions: Mapping[str, str], command: str) -> str:
     """The whole docs/coverage.md: a header, the table between markers, the full xfail reasons."""
     cases = list(cases)
     lines = [
@@ -96,8 +119,12 @@ def render(rows: Iterable[Row], cases: Iterable[Case], versions: Mapping[str, st
         "",
         _BEGIN,
         "| " + " | ".join(COLUMNS) + " |",
-        "|" + "|".join("---:" if c in ("max abs error", "XNNPACK subgraphs", "export s", "capture s")
-                       else "---" for c in COLUMNS) + "|",
+        "|"
+        + "|".join(
+            "---:" if c in ("max abs error", "XNNPACK subgraphs", "export s", "capture s") else "---"
+            for c in COLUMNS
+        )
+        + "|",
     ]
     lines += ["| " + " | ".join(r.cells[c] for c in COLUMNS) + " |" for r in rows]
     lines += [_END, "", "## Expected failures", ""]
@@ -105,9 +132,12 @@ def render(rows: Iterable[Row], cases: Iterable[Case], versions: Mapping[str, st
         for target, reason in c.xfail.items():
             lines.append(f"- `{c.name}` on `{target}`: {reason}")
     lines += ["", "## Cases", ""]
-    lines += [f"- `{c.name}` ({c.group}{', slow' if c.slow else ''}"
-              f"{', dynamic shapes' if c.dynamic_shapes else ''}"
-              f"{f', {c.steps} steps' if c.steps > 1 else ''}): {c.description}" for c in cases]
+    lines += [
+        f"- `{c.name}` ({c.group}{', slow' if c.slow else ''}"
+        f"{', dynamic shapes' if c.dynamic_shapes else ''}"
+        f"{f', {c.steps} steps' if c.steps > 1 else ''}): {c.description}"
+        for c in cases
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -120,5 +150,5 @@ def parse(markdown: str) -> list[Row]:
     rows = []
     for line in body[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        rows.append(Row(dict(zip(header, cells))))
+        rows.append(Row(dict(zip(header, cells, strict=False))))
     return rows

@@ -35,12 +35,13 @@ class HFWrapper(nn.Module):
         self.n_out = n_out
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(**dict(zip(self.input_names, inputs)), return_dict=False)
+        out = self.model(**dict(zip(self.input_names, inputs, strict=False)), return_dict=False)
         return tuple(out[: self.n_out])
 
 
-def _build(config_cls: str, model_cls: str, input_names: tuple[str, ...], n_out: int = 1,
-           **config: Any) -> Callable[[], nn.Module]:
+def _build(
+    config_cls: str, model_cls: str, input_names: tuple[str, ...], n_out: int = 1, **config: Any
+) -> Callable[[], nn.Module]:
     """A factory: import lazily (transformers is heavy), build from config with eager attention
     (the path every exporter supports; SDPA is exercised by the hand-written zoo)."""
 
@@ -62,7 +63,7 @@ def _ids(vocab: int, b: int = 2, s: int = 8) -> torch.Tensor:
 
 def _mask(b: int = 2, s: int = 8) -> torch.Tensor:
     m = torch.ones(b, s, dtype=torch.long)
-    m[1, s - 3:] = 0  # second sequence padded
+    m[1, s - 3 :] = 0  # second sequence padded
     return m
 
 
@@ -70,8 +71,14 @@ def _mask(b: int = 2, s: int = 8) -> torch.Tensor:
 _LINEAR = frozenset({"aten_linear_default"})
 _CONV = frozenset({"aten_convolution_default"})
 
-_TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-             vocab_size=100, max_position_embeddings=32)
+_TEXT = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    vocab_size=100,
+    max_position_embeddings=32,
+)
 
 #: Sequence length 3..32 (max_position_embeddings): the wrapper's ``*inputs`` takes one spec per
 #: tensor, nested in a tuple for the var-positional parameter.
@@ -88,92 +95,196 @@ def _gpt2_seq_sets() -> list[InputSet]:
 
 
 HF_CASES: tuple[Case, ...] = (
-    Case("hf_bert", _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, **_TEXT),
-         lambda: ((_ids(100), _mask()), {}),
-         description="BertModel (2 layers, hidden 32) with a padding mask; outputs "
-                     "last_hidden_state and pooler_output",
-         onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
-         xnnpack_subgraphs=10, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
-    Case("hf_gpt2", _build("GPT2Config", "GPT2LMHeadModel", ("input_ids",), 1, n_embd=32,
-                           n_layer=2, n_head=2, vocab_size=100, n_positions=32),
-         lambda: ((_ids(100),), {}),
-         description="GPT2LMHeadModel (2 layers, n_embd 32), causal mask, tied LM head; logits",
-         onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
-         xnnpack_subgraphs=15, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
-    Case("hf_vit", _build("ViTConfig", "ViTModel", ("pixel_values",), 1, hidden_size=32,
-                          num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                          image_size=32, patch_size=8, num_channels=3),
-         lambda: ((torch.randn(1, 3, 32, 32),), {}),
-         description="ViTModel (2 layers, 32x32 image, patch 8); last_hidden_state",
-         onnx_ops=frozenset({"Conv", "Softmax"}),
-         xnnpack_subgraphs=9, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR | _CONV,
-         slow=True, group="hf"),
-    Case("hf_llama", _build("LlamaConfig", "LlamaForCausalLM", ("input_ids",), 1, **_TEXT,
-                            num_key_value_heads=1),
-         lambda: ((_ids(100),), {}),
-         description="LlamaForCausalLM (2 layers, GQA 2:1, rotary inv_freq buffer, RMSNorm); logits",
-         onnx_ops=frozenset({"Softmax", "Cos", "Sin"}),
-         xnnpack_subgraphs=14, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
-    Case("hf_resnet", _build("ResNetConfig", "ResNetModel", ("pixel_values",), 2, num_channels=3,
-                             embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                             layer_type="basic"),
-         lambda: ((torch.randn(1, 3, 32, 32),), {}),
-         description="ResNetModel (basic blocks, 2 stages) with BatchNorm; last_hidden_state "
-                     "and pooler_output",
-         onnx_ops=frozenset({"Conv", "MaxPool"}),
-         xnnpack_subgraphs=1, xnnpack_allowed_non_delegated=frozenset(),
-         xnnpack_must_delegate=_CONV,
-         slow=False, group="hf"),  # the one HF case in the default run: ~3 s
-    Case("hf_wav2vec2", _build("Wav2Vec2Config", "Wav2Vec2Model", ("input_values",), 1,
-                               hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
-                               conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-                               num_conv_pos_embedding_groups=4, feat_extract_norm="group"),
-         lambda: ((torch.randn(1, 400),), {}),
-         description="Wav2Vec2Model (audio: conv feature encoder with GroupNorm, positional conv, "
-                     "2 transformer layers) on 400 raw samples",
-         onnx_ops=frozenset({"Conv", "Softmax"}),
-         xnnpack_subgraphs=12, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
-    Case("hf_whisper_encoder", _build("WhisperConfig", "WhisperForAudioClassification",
-                                      ("input_features",), 1, d_model=32, encoder_layers=2,
-                                      encoder_attention_heads=2, decoder_layers=1,
-                                      decoder_attention_heads=2, encoder_ffn_dim=64,
-                                      decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
-                                      vocab_size=100, num_labels=3),
-         lambda: ((torch.randn(1, 16, 32),), {}),
-         description="Whisper encoder + classification head (audio: log-mel 16 bins x 32 frames, "
-                     "conv stem, 2 layers); logits",
-         onnx_ops=frozenset({"Conv", "Softmax"}),
-         xnnpack_subgraphs=11, xnnpack_allowed_non_delegated=None,
-         xnnpack_must_delegate=_LINEAR | _CONV,
-         slow=True, group="hf"),
-    Case("hf_bert_dynamic_seq", _build("BertConfig", "BertModel", ("input_ids", "attention_mask"),
-                                       2, **_TEXT),
-         lambda: ((_ids(100), _mask()), {}),
-         description="hf_bert with a dynamic sequence length 3..32, compared at 3, 17 and 32",
-         # keyed by forward's parameter name: the var-positional ``inputs`` takes a tuple of specs
-         dynamic_shapes=lambda: {"inputs": ({1: _SEQ}, {1: _SEQ})}, extra_inputs=_bert_seq_sets,
-         onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
-         xnnpack_subgraphs=20, xnnpack_allowed_non_delegated=None, xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
-    Case("hf_gpt2_dynamic_seq", _build("GPT2Config", "GPT2LMHeadModel", ("input_ids",), 1,
-                                       n_embd=32, n_layer=2, n_head=2, vocab_size=100,
-                                       n_positions=32),
-         lambda: ((_ids(100),), {}),
-         description="hf_gpt2 with a dynamic sequence length 3..32, compared at 3, 17 and 32; "
-                     "the spec is the positional tuple form (one entry for ``*inputs``)",
-         # positional form: one entry per forward parameter, the var-positional one a tuple
-         dynamic_shapes=lambda: (({1: _SEQ},),), extra_inputs=_gpt2_seq_sets,
-         onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
-         xnnpack_subgraphs=26, xnnpack_allowed_non_delegated=None, xnnpack_must_delegate=_LINEAR,
-         slow=True, group="hf"),
+    Case(
+        "hf_bert",
+        _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, **_TEXT),
+        lambda: ((_ids(100), _mask()), {}),
+        description="BertModel (2 layers, hidden 32) with a padding mask; outputs "
+        "last_hidden_state and pooler_output",
+        onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
+        xnnpack_subgraphs=10,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_gpt2",
+        _build(
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            ("input_ids",),
+            1,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            vocab_size=100,
+            n_positions=32,
+        ),
+        lambda: ((_ids(100),), {}),
+        description="GPT2LMHeadModel (2 layers, n_embd 32), causal mask, tied LM head; logits",
+        onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
+        xnnpack_subgraphs=15,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_vit",
+        _build(
+            "ViTConfig",
+            "ViTModel",
+            ("pixel_values",),
+            1,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            image_size=32,
+            patch_size=8,
+            num_channels=3,
+        ),
+        lambda: ((torch.randn(1, 3, 32, 32),), {}),
+        description="ViTModel (2 layers, 32x32 image, patch 8); last_hidden_state",
+        onnx_ops=frozenset({"Conv", "Softmax"}),
+        xnnpack_subgraphs=9,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR | _CONV,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_llama",
+        _build("LlamaConfig", "LlamaForCausalLM", ("input_ids",), 1, **_TEXT, num_key_value_heads=1),
+        lambda: ((_ids(100),), {}),
+        description="LlamaForCausalLM (2 layers, GQA 2:1, rotary inv_freq buffer, RMSNorm); logits",
+        onnx_ops=frozenset({"Softmax", "Cos", "Sin"}),
+        xnnpack_subgraphs=14,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_resnet",
+        _build(
+            "ResNetConfig",
+            "ResNetModel",
+            ("pixel_values",),
+            2,
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            layer_type="basic",
+        ),
+        lambda: ((torch.randn(1, 3, 32, 32),), {}),
+        description="ResNetModel (basic blocks, 2 stages) with BatchNorm; last_hidden_state "
+        "and pooler_output",
+        onnx_ops=frozenset({"Conv", "MaxPool"}),
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=frozenset(),
+        xnnpack_must_delegate=_CONV,
+        slow=False,
+        group="hf",
+    ),  # the one HF case in the default run: ~3 s
+    Case(
+        "hf_wav2vec2",
+        _build(
+            "Wav2Vec2Config",
+            "Wav2Vec2Model",
+            ("input_values",),
+            1,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            conv_dim=(16, 16),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            feat_extract_norm="group",
+        ),
+        lambda: ((torch.randn(1, 400),), {}),
+        description="Wav2Vec2Model (audio: conv feature encoder with GroupNorm, positional conv, "
+        "2 transformer layers) on 400 raw samples",
+        onnx_ops=frozenset({"Conv", "Softmax"}),
+        xnnpack_subgraphs=12,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_whisper_encoder",
+        _build(
+            "WhisperConfig",
+            "WhisperForAudioClassification",
+            ("input_features",),
+            1,
+            d_model=32,
+            encoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_layers=1,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            num_mel_bins=16,
+            max_source_positions=16,
+            vocab_size=100,
+            num_labels=3,
+        ),
+        lambda: ((torch.randn(1, 16, 32),), {}),
+        description="Whisper encoder + classification head (audio: log-mel 16 bins x 32 frames, "
+        "conv stem, 2 layers); logits",
+        onnx_ops=frozenset({"Conv", "Softmax"}),
+        xnnpack_subgraphs=11,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR | _CONV,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_bert_dynamic_seq",
+        _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, **_TEXT),
+        lambda: ((_ids(100), _mask()), {}),
+        description="hf_bert with a dynamic sequence length 3..32, compared at 3, 17 and 32",
+        # keyed by forward's parameter name: the var-positional ``inputs`` takes a tuple of specs
+        dynamic_shapes=lambda: {"inputs": ({1: _SEQ}, {1: _SEQ})},
+        extra_inputs=_bert_seq_sets,
+        onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
+        xnnpack_subgraphs=20,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_gpt2_dynamic_seq",
+        _build(
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            ("input_ids",),
+            1,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            vocab_size=100,
+            n_positions=32,
+        ),
+        lambda: ((_ids(100),), {}),
+        description="hf_gpt2 with a dynamic sequence length 3..32, compared at 3, 17 and 32; "
+        "the spec is the positional tuple form (one entry for ``*inputs``)",
+        # positional form: one entry per forward parameter, the var-positional one a tuple
+        dynamic_shapes=lambda: (({1: _SEQ},),),
+        extra_inputs=_gpt2_seq_sets,
+        onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
+        xnnpack_subgraphs=26,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
 )

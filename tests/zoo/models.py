@@ -37,8 +37,7 @@ def _randomize_bn(model: nn.Module) -> nn.Module:
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.ReLU(),
-                                 nn.Linear(32, 4))
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -48,8 +47,13 @@ class CNNBatchNorm(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.Hardtanh())
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, stride=2, padding=1),
+            nn.BatchNorm2d(8),
+            nn.Hardtanh(),
+        )
         self.head = nn.Linear(8, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -217,8 +221,9 @@ class MultiIO(nn.Module):
         self.a = nn.Linear(8, 8)
         self.b = nn.Linear(4, 8)
 
-    def forward(self, pair: tuple[torch.Tensor, torch.Tensor], extra: dict[str, torch.Tensor]
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(
+        self, pair: tuple[torch.Tensor, torch.Tensor], extra: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x, y = pair
         h = self.a(x) + self.b(y) * extra["scale"]
         return h, {"sum": h.sum(-1), "neg": -h}
@@ -301,13 +306,12 @@ def _cnn_sets() -> list[InputSet]:
 
 def _pad_mask(b: int, s: int) -> torch.Tensor:
     mask = torch.zeros(b, s, dtype=torch.bool)
-    mask[0, s - 2:] = True  # the first sequence is padded at its end
+    mask[0, s - 2 :] = True  # the first sequence is padded at its end
     return mask
 
 
 def _masked_sets() -> list[InputSet]:
     return [((_r(2, s, 32), _pad_mask(2, s)), {}) for s in (3, 9, 16)]
-
 
 
 def _ops(*names: str) -> frozenset[str]:
@@ -316,120 +320,246 @@ def _ops(*names: str) -> frozenset[str]:
 
 
 #: Layout/shape ops XNNPACK leaves outside the delegate around recurrent cells and attention.
-_RNN_GLUE = _ops("aten_full_default", "aten_split_with_sizes_copy_default",
-                 "aten_squeeze_copy_dims", "aten_unsqueeze_copy_default")
+_RNN_GLUE = _ops(
+    "aten_full_default",
+    "aten_split_with_sizes_copy_default",
+    "aten_squeeze_copy_dims",
+    "aten_unsqueeze_copy_default",
+)
 #: What torch's fast-path mask handling in nn.MultiheadAttention / SDPA leaves outside XNNPACK.
-_MASK_GLUE = _ops("aten_any_dim", "aten_eq_scalar", "aten_expand_copy_default",
-                  "aten_full_like_default", "aten_logical_not_default", "aten_mul_scalar",
-                  "aten_squeeze_copy_dims", "aten_unsqueeze_copy_default", "aten_where_self")
+_MASK_GLUE = _ops(
+    "aten_any_dim",
+    "aten_eq_scalar",
+    "aten_expand_copy_default",
+    "aten_full_like_default",
+    "aten_logical_not_default",
+    "aten_mul_scalar",
+    "aten_squeeze_copy_dims",
+    "aten_unsqueeze_copy_default",
+    "aten_where_self",
+)
 
 ZOO: tuple[Case, ...] = (
-    Case("mlp", MLP, lambda: ((_r(4, 16),), {}),
-         description="Linear/GELU/ReLU stack; dynamic batch 2..8",
-         dynamic_shapes=lambda: {"x": {0: _BATCH}}, extra_inputs=_mlp_sets,
-         xnnpack_subgraphs=1, onnx_ops=_ops("Gemm")),
-    Case("cnn_batchnorm", lambda: _randomize_bn(CNNBatchNorm()), lambda: ((_r(2, 3, 8, 8),), {}),
-         description="Conv + BatchNorm (folded differently by each target); dynamic batch 1..4",
-         dynamic_shapes=lambda: {"x": {0: Dim("n", min=1, max=4)}}, extra_inputs=_cnn_sets,
-         # XNNPACK takes mean.dim only as a 4-D global pool with keepdim=True: the head splits.
-         xnnpack_subgraphs=2, xnnpack_allowed_non_delegated=_ops("aten_mean_dim"),
-         onnx_ops=_ops("Conv")),
-    Case("depthwise_grouped", lambda: _randomize_bn(DepthwiseGrouped()),
-         lambda: ((_r(1, 8, 8, 8),), {}),
-         description="depthwise (groups=C) and grouped (groups=2) convolutions",
-         xnnpack_subgraphs=1, onnx_ops=_ops("Conv")),
-    Case("conv_transpose", ConvTranspose, lambda: ((_r(1, 8, 4, 4),), {}),
-         description="ConvTranspose2d stride 2",
-         xnnpack_subgraphs=1, onnx_ops=_ops("ConvTranspose")),
-    Case("pool_upsample", PoolUpsample, lambda: ((_r(1, 4, 8, 8),), {}),
-         description="max/avg/adaptive pooling, nearest and bilinear upsampling",
-         # ExecuTorch's XNNPACK partitioner takes neither avg_pool2d nor nearest upsampling here.
-         xnnpack_subgraphs=2,
-         xnnpack_allowed_non_delegated=_ops("aten_avg_pool2d_default", "aten_upsample_nearest2d_vec"), onnx_ops=_ops("MaxPool", "Resize")),
-    Case("maxpool_default_stride", MaxPoolDefaultStride, lambda: ((_r(1, 4, 8, 8),), {}),
-         description="F.max_pool2d(x, 2) with the default stride",
-         xnnpack_subgraphs=1, onnx_ops=_ops("MaxPool"),
-         xfail={"xnnpack": "ExecuTorch 1.4.1 XNNPACK MaxPool2dConfig.check_constraints reads "
-                           "node.args[2] (stride), absent when the default stride is used: "
-                           "IndexError in to_edge_transform_and_lower (pytorch/executorch#21488, "
-                           "fixed upstream by #21489, not in 1.4.1); pass stride explicitly"}),
-    Case("gru", GRUModel, lambda: ((_r(2, 5, 8),), {}),
-         description="nn.GRU (unrolled by torch.export)",
-         xnnpack_subgraphs=7, xnnpack_allowed_non_delegated=_RNN_GLUE | _ops("aten_select_copy_int"),
-         onnx_ops=_ops("Gemm")),
-    Case("lstm", LSTMModel, lambda: ((_r(2, 5, 8),), {}),
-         description="nn.LSTM, two outputs (sequence and final hidden state)",
-         xnnpack_subgraphs=8, xnnpack_allowed_non_delegated=_RNN_GLUE | _ops("aten_cat_default"),
-         onnx_ops=_ops("LSTM")),
-    Case("masked_attention", MaskedAttention,
-         lambda: ((_r(2, 6, 32), _pad_mask(2, 6)), {}),
-         description="hand-written attention with a bool key padding mask; dynamic seq 3..16",
-         dynamic_shapes=lambda: ({1: Dim("s", min=3, max=16)}, {1: Dim("s", min=3, max=16)}),
-         extra_inputs=_masked_sets,
-         xnnpack_subgraphs=10,
-         xnnpack_allowed_non_delegated=_ops(
-             "aten_expand_copy_default", "aten_slice_copy_tensor", "aten_squeeze_copy_dims",
-             "aten_unsqueeze_copy_default", "aten_view_copy_default", "aten_where_self",
-             "scalar_tensor", "sym_size"),
-         onnx_ops=_ops("Softmax", "Where")),
-    Case("sdpa_attention", SDPAttention,
-         lambda: ((_r(2, 6, 32), torch.where(_pad_mask(2, 6), -1e4, 0.0)), {}),
-         description="F.scaled_dot_product_attention with an additive padding mask",
-         xnnpack_subgraphs=4, xnnpack_allowed_non_delegated=_MASK_GLUE,
-         onnx_ops=_ops("Softmax")),
-    Case("transformer_encoder", Encoder, lambda: ((_r(2, 6, 32),), {}),
-         description="nn.TransformerEncoder, 2 layers; dynamic seq 2..16",
-         dynamic_shapes=lambda: {"x": {1: _SEQ}}, extra_inputs=_encoder_sets,
-         xnnpack_subgraphs=24,
-         xnnpack_allowed_non_delegated=_MASK_GLUE | _ops(
-             "aten_native_layer_norm_default", "aten_select_copy_int",
-             "aten_view_copy_default", "mul", "sym_size"),
-         onnx_ops=_ops("LayerNormalization", "Softmax")),
-    Case("tied_embedding", TiedLM, lambda: ((torch.randint(0, 64, (2, 7)),), {}),
-         description="embedding and output head share one Parameter",
-         xnnpack_subgraphs=1,
-         xnnpack_allowed_non_delegated=_ops("aten_embedding_default", "aten_native_layer_norm_default"),
-         onnx_ops=_ops("Gather")),
-    Case("rotary_inv_freq", Rotary, lambda: ((_r(2, 6, 16),), {}),
-         description="non-persistent inv_freq buffer (rotary embedding)",
-         xnnpack_subgraphs=1,
-         xnnpack_allowed_non_delegated=_ops("aten_arange_start_step", "aten_slice_copy_tensor"),
-         onnx_ops=_ops("Cos", "Sin")),
-    Case("forward_constant", ForwardConstant, lambda: ((_r(3, 8),), {}),
-         description="constants created in forward (torch.tensor, torch.full)",
-         xnnpack_subgraphs=1, xnnpack_allowed_non_delegated=_ops("aten_full_default"),
-         onnx_ops=_ops("Gemm", "Mul")),
-    Case("multi_io", MultiIO,
-         lambda: (((_r(2, 8), _r(2, 4)), {"scale": _r(2, 8)}), {}),
-         description="tuple and dict inputs; tuple + dict outputs",
-         xnnpack_subgraphs=1, xnnpack_allowed_non_delegated=_ops("aten_sum_dim_int_list"),
-         onnx_ops=_ops("ReduceSum", "Neg")),
-    Case("kwargs", WithKwargs, lambda: ((_r(2, 8),), {"bias": _r(8), "gate": _r(2, 8)}),
-         description="keyword-only tensor inputs",
-         xnnpack_subgraphs=1, onnx_ops=_ops("Sigmoid")),
-    Case("int64_inputs", Int64Inputs,
-         lambda: ((torch.randint(0, 50, (2, 6)), torch.arange(6).repeat(2, 1)), {}),
-         description="int64 ids and positions in, int64 argmax out",
-         xnnpack_subgraphs=1,
-         xnnpack_allowed_non_delegated=_ops("aten_argmax_default", "aten_embedding_default"),
-         onnx_ops=_ops("Gather", "ArgMax")),
-    Case("buffer_counter", BufferCounter, lambda: ((_r(2, 4),), {}),
-         description="buffer mutated in place (count += x.sum()), compared over 3 steps",
-         steps=3, xnnpack_subgraphs=1, xnnpack_allowed_non_delegated=_ops("aten_sum_dim_int_list"),
-         onnx_ops=_ops("ReduceSum")),
-    Case("kv_cache", KVCache, lambda: ((_r(1, 1, 16),), {}),
-         description="KV cache and its position updated in place (index_copy_), compared over 3 steps",
-         steps=3, onnx_ops=_ops("Softmax"),
-         # index_copy_ (index_put), the int64 ``pos += 1`` and an expand stay in the portable ops.
-         xnnpack_subgraphs=4,
-         xnnpack_allowed_non_delegated=_ops("aten_index_put_default", "aten_add_tensor",
-                                            "aten_expand_copy_default")),
-    Case("int8_mlp", MLP, lambda: ((_r(4, 16),), {}),
-         description="MLP quantized with quantize='int8' (PT2E per-channel, 16 calibration draws); "
-                     "parity within one quantization step of the quantized eager reference",
-         int8_calibration=16, xnnpack_subgraphs=1, onnx_ops=_ops("QuantizeLinear", "DequantizeLinear")),
-    Case("int8_cnn", lambda: _randomize_bn(CNNBatchNorm()), lambda: ((_r(2, 3, 8, 8),), {}),
-         description="Conv + BatchNorm CNN quantized with quantize='int8'",
-         int8_calibration=16, xnnpack_allowed_non_delegated=None,
-         onnx_ops=_ops("QuantizeLinear", "DequantizeLinear")),
+    Case(
+        "mlp",
+        MLP,
+        lambda: ((_r(4, 16),), {}),
+        description="Linear/GELU/ReLU stack; dynamic batch 2..8",
+        dynamic_shapes=lambda: {"x": {0: _BATCH}},
+        extra_inputs=_mlp_sets,
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("Gemm"),
+    ),
+    Case(
+        "cnn_batchnorm",
+        lambda: _randomize_bn(CNNBatchNorm()),
+        lambda: ((_r(2, 3, 8, 8),), {}),
+        description="Conv + BatchNorm (folded differently by each target); dynamic batch 1..4",
+        dynamic_shapes=lambda: {"x": {0: Dim("n", min=1, max=4)}},
+        extra_inputs=_cnn_sets,
+        # XNNPACK takes mean.dim only as a 4-D global pool with keepdim=True: the head splits.
+        xnnpack_subgraphs=2,
+        xnnpack_allowed_non_delegated=_ops("aten_mean_dim"),
+        onnx_ops=_ops("Conv"),
+    ),
+    Case(
+        "depthwise_grouped",
+        lambda: _randomize_bn(DepthwiseGrouped()),
+        lambda: ((_r(1, 8, 8, 8),), {}),
+        description="depthwise (groups=C) and grouped (groups=2) convolutions",
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("Conv"),
+    ),
+    Case(
+        "conv_transpose",
+        ConvTranspose,
+        lambda: ((_r(1, 8, 4, 4),), {}),
+        description="ConvTranspose2d stride 2",
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("ConvTranspose"),
+    ),
+    Case(
+        "pool_upsample",
+        PoolUpsample,
+        lambda: ((_r(1, 4, 8, 8),), {}),
+        description="max/avg/adaptive pooling, nearest and bilinear upsampling",
+        # ExecuTorch's XNNPACK partitioner takes neither avg_pool2d nor nearest upsampling here.
+        xnnpack_subgraphs=2,
+        xnnpack_allowed_non_delegated=_ops("aten_avg_pool2d_default", "aten_upsample_nearest2d_vec"),
+        onnx_ops=_ops("MaxPool", "Resize"),
+    ),
+    Case(
+        "maxpool_default_stride",
+        MaxPoolDefaultStride,
+        lambda: ((_r(1, 4, 8, 8),), {}),
+        description="F.max_pool2d(x, 2) with the default stride",
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("MaxPool"),
+        xfail={
+            "xnnpack": "ExecuTorch 1.4.1 XNNPACK MaxPool2dConfig.check_constraints reads "
+            "node.args[2] (stride), absent when the default stride is used: "
+            "IndexError in to_edge_transform_and_lower (pytorch/executorch#21488, "
+            "fixed upstream by #21489, not in 1.4.1); pass stride explicitly"
+        },
+    ),
+    Case(
+        "gru",
+        GRUModel,
+        lambda: ((_r(2, 5, 8),), {}),
+        description="nn.GRU (unrolled by torch.export)",
+        xnnpack_subgraphs=7,
+        xnnpack_allowed_non_delegated=_RNN_GLUE | _ops("aten_select_copy_int"),
+        onnx_ops=_ops("Gemm"),
+    ),
+    Case(
+        "lstm",
+        LSTMModel,
+        lambda: ((_r(2, 5, 8),), {}),
+        description="nn.LSTM, two outputs (sequence and final hidden state)",
+        xnnpack_subgraphs=8,
+        xnnpack_allowed_non_delegated=_RNN_GLUE | _ops("aten_cat_default"),
+        onnx_ops=_ops("LSTM"),
+    ),
+    Case(
+        "masked_attention",
+        MaskedAttention,
+        lambda: ((_r(2, 6, 32), _pad_mask(2, 6)), {}),
+        description="hand-written attention with a bool key padding mask; dynamic seq 3..16",
+        dynamic_shapes=lambda: ({1: Dim("s", min=3, max=16)}, {1: Dim("s", min=3, max=16)}),
+        extra_inputs=_masked_sets,
+        xnnpack_subgraphs=10,
+        xnnpack_allowed_non_delegated=_ops(
+            "aten_expand_copy_default",
+            "aten_slice_copy_tensor",
+            "aten_squeeze_copy_dims",
+            "aten_unsqueeze_copy_default",
+            "aten_view_copy_default",
+            "aten_where_self",
+            "scalar_tensor",
+            "sym_size",
+        ),
+        onnx_ops=_ops("Softmax", "Where"),
+    ),
+    Case(
+        "sdpa_attention",
+        SDPAttention,
+        lambda: ((_r(2, 6, 32), torch.where(_pad_mask(2, 6), -1e4, 0.0)), {}),
+        description="F.scaled_dot_product_attention with an additive padding mask",
+        xnnpack_subgraphs=4,
+        xnnpack_allowed_non_delegated=_MASK_GLUE,
+        onnx_ops=_ops("Softmax"),
+    ),
+    Case(
+        "transformer_encoder",
+        Encoder,
+        lambda: ((_r(2, 6, 32),), {}),
+        description="nn.TransformerEncoder, 2 layers; dynamic seq 2..16",
+        dynamic_shapes=lambda: {"x": {1: _SEQ}},
+        extra_inputs=_encoder_sets,
+        xnnpack_subgraphs=24,
+        xnnpack_allowed_non_delegated=_MASK_GLUE
+        | _ops(
+            "aten_native_layer_norm_default",
+            "aten_select_copy_int",
+            "aten_view_copy_default",
+            "mul",
+            "sym_size",
+        ),
+        onnx_ops=_ops("LayerNormalization", "Softmax"),
+    ),
+    Case(
+        "tied_embedding",
+        TiedLM,
+        lambda: ((torch.randint(0, 64, (2, 7)),), {}),
+        description="embedding and output head share one Parameter",
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_embedding_default", "aten_native_layer_norm_default"),
+        onnx_ops=_ops("Gather"),
+    ),
+    Case(
+        "rotary_inv_freq",
+        Rotary,
+        lambda: ((_r(2, 6, 16),), {}),
+        description="non-persistent inv_freq buffer (rotary embedding)",
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_arange_start_step", "aten_slice_copy_tensor"),
+        onnx_ops=_ops("Cos", "Sin"),
+    ),
+    Case(
+        "forward_constant",
+        ForwardConstant,
+        lambda: ((_r(3, 8),), {}),
+        description="constants created in forward (torch.tensor, torch.full)",
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_full_default"),
+        onnx_ops=_ops("Gemm", "Mul"),
+    ),
+    Case(
+        "multi_io",
+        MultiIO,
+        lambda: (((_r(2, 8), _r(2, 4)), {"scale": _r(2, 8)}), {}),
+        description="tuple and dict inputs; tuple + dict outputs",
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_sum_dim_int_list"),
+        onnx_ops=_ops("ReduceSum", "Neg"),
+    ),
+    Case(
+        "kwargs",
+        WithKwargs,
+        lambda: ((_r(2, 8),), {"bias": _r(8), "gate": _r(2, 8)}),
+        description="keyword-only tensor inputs",
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("Sigmoid"),
+    ),
+    Case(
+        "int64_inputs",
+        Int64Inputs,
+        lambda: ((torch.randint(0, 50, (2, 6)), torch.arange(6).repeat(2, 1)), {}),
+        description="int64 ids and positions in, int64 argmax out",
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_argmax_default", "aten_embedding_default"),
+        onnx_ops=_ops("Gather", "ArgMax"),
+    ),
+    Case(
+        "buffer_counter",
+        BufferCounter,
+        lambda: ((_r(2, 4),), {}),
+        description="buffer mutated in place (count += x.sum()), compared over 3 steps",
+        steps=3,
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=_ops("aten_sum_dim_int_list"),
+        onnx_ops=_ops("ReduceSum"),
+    ),
+    Case(
+        "kv_cache",
+        KVCache,
+        lambda: ((_r(1, 1, 16),), {}),
+        description="KV cache and its position updated in place (index_copy_), compared over 3 steps",
+        steps=3,
+        onnx_ops=_ops("Softmax"),
+        # index_copy_ (index_put), the int64 ``pos += 1`` and an expand stay in the portable ops.
+        xnnpack_subgraphs=4,
+        xnnpack_allowed_non_delegated=_ops(
+            "aten_index_put_default", "aten_add_tensor", "aten_expand_copy_default"
+        ),
+    ),
+    Case(
+        "int8_mlp",
+        MLP,
+        lambda: ((_r(4, 16),), {}),
+        description="MLP quantized with quantize='int8' (PT2E per-channel, 16 calibration draws); "
+        "parity within one quantization step of the quantized eager reference",
+        int8_calibration=16,
+        xnnpack_subgraphs=1,
+        onnx_ops=_ops("QuantizeLinear", "DequantizeLinear"),
+    ),
+    Case(
+        "int8_cnn",
+        lambda: _randomize_bn(CNNBatchNorm()),
+        lambda: ((_r(2, 3, 8, 8),), {}),
+        description="Conv + BatchNorm CNN quantized with quantize='int8'",
+        int8_calibration=16,
+        xnnpack_allowed_non_delegated=None,
+        onnx_ops=_ops("QuantizeLinear", "DequantizeLinear"),
+    ),
 )

@@ -84,8 +84,11 @@ def _check_structure(case: Case, target: str, res: Any, out: TargetOutcome) -> N
         if d.subgraphs < 1:
             out.fail("structure", "nothing was delegated to XNNPACK")
         elif case.xnnpack_subgraphs is not None and d.subgraphs != case.xnnpack_subgraphs:
-            out.fail("structure", f"expected {case.xnnpack_subgraphs} delegated subgraph(s), got "
-                     f"{d.subgraphs}; non-delegated ops: {d.non_delegated_ops()}")
+            out.fail(
+                "structure",
+                f"expected {case.xnnpack_subgraphs} delegated subgraph(s), got "
+                f"{d.subgraphs}; non-delegated ops: {d.non_delegated_ops()}",
+            )
         else:
             outside = set(d.non_delegated_ops())
             if case.xnnpack_allowed_non_delegated is not None:
@@ -95,8 +98,10 @@ def _check_structure(case: Case, target: str, res: Any, out: TargetOutcome) -> N
             missed = sorted(outside & case.xnnpack_must_delegate)
             absent = sorted(op for op in case.xnnpack_must_delegate if op not in d.by_op)
             if missed or absent:
-                out.fail("structure", f"ops that must be delegated: outside {missed}, "
-                         f"absent from the program {absent}")
+                out.fail(
+                    "structure",
+                    f"ops that must be delegated: outside {missed}, absent from the program {absent}",
+                )
     else:
         missing = sorted(case.onnx_ops - set(art.ops))
         if missing:
@@ -115,10 +120,17 @@ def run_case(case: Case, out_dir: pathlib.Path, targets: tuple[str, ...] = TARGE
     try:
         quant: dict[str, Any] = {}
         if case.int8_calibration:
-            quant = {"quantize": "int8",
-                     "calibration": [case.inputs() for _ in range(case.int8_calibration)]}
-        res = dx.export(model, args, kwargs or None, target=targets, out_dir=out_dir,
-                        name=case.name, dynamic_shapes=dyn, **quant)
+            quant = {"quantize": "int8", "calibration": [case.inputs() for _ in range(case.int8_calibration)]}
+        res = dx.export(
+            model,
+            args,
+            kwargs or None,
+            target=targets,
+            out_dir=out_dir,
+            name=case.name,
+            dynamic_shapes=dyn,
+            **quant,
+        )
     except Exception as exc:  # capture failed: every target fails at the export stage
         msg = _describe(exc)
         for o in outcomes.values():
@@ -159,8 +171,7 @@ def run_case(case: Case, out_dir: pathlib.Path, targets: tuple[str, ...] = TARGE
             o.stage = "parity"
         rtol, atol = case.tolerance or (None, None)
         try:
-            report = dx.compare(res, inputs=case.all_input_sets(), rtol=rtol, atol=atol,
-                                steps=case.steps)
+            report = dx.compare(res, inputs=case.all_input_sets(), rtol=rtol, atol=atol, steps=case.steps)
         except Exception as exc:
             msg = _describe(exc)
             for o in live:
@@ -181,9 +192,12 @@ def run_case(case: Case, out_dir: pathlib.Path, targets: tuple[str, ...] = TARGE
                 if bad:
                     worst = max(bad, key=lambda p: p.metrics[o.target].max_abs)
                     m, tol = worst.metrics[o.target], worst.tolerance[o.target]
-                    o.fail("parity", f"{len(bad)}/{len(rows)} outputs out of tolerance; worst "
-                           f"{worst.label} {list(worst.shape)} max_abs {m.max_abs:.3g} "
-                           f"(rtol {tol.rtol:g}, atol {tol.atol:g})")
+                    o.fail(
+                        "parity",
+                        f"{len(bad)}/{len(rows)} outputs out of tolerance; worst "
+                        f"{worst.label} {list(worst.shape)} max_abs {m.max_abs:.3g} "
+                        f"(rtol {tol.rtol:g}, atol {tol.atol:g})",
+                    )
     for o in outcomes.values():
         if o.failure is None:
             o.stage = "done"

@@ -43,11 +43,52 @@ def check_target(run: CaseRun, target: str) -> None:
     assert target in res.artifacts and target not in res.errors, f"{name}: no {target} artifact"
     assert res.artifacts[target].path.is_file(), f"{name}: {res.artifacts[target].path} missing"
     assert run.report is not None and target in run.report.runtimes, f"{name}: {target} not compared"
-    # Every input set (the example plus min/mid/max of each dynamic dim) was compared, every step.
+    # Every input set (the example, the case's own, and each declared range at min, max-1 and
+    # max) was compared, every step.
+    from dualexport.shared_state.contract import edge_sizes
+
+    edges = edge_sizes(res.program.exported_program)
+    assert bool(edges) == (run.case.dynamic_shapes is not None), f"{name}: edges {edges}"
     labels = {o.label for o in run.report.outputs if target in o.metrics}
     sets = {label.split("/")[0] for label in labels}
-    assert len(sets) == 1 + len(run.case.all_input_sets()), f"{name}: compared {sorted(sets)}"
+    assert len(sets) == 1 + len(run.case.all_input_sets()) + len(edges), f"{name}: compared {sorted(sets)}"
+    assert {f"edge:{e.label}" for e in edges} <= sets, f"{name}: compared {sorted(sets)}"
+    outcome_proof = res.artifacts[target].outcome.proof
+    assert outcome_proof.edges == tuple(e.label for e in edges), f"{name}: proved {outcome_proof}"
+    if edges:
+        _refuses_above_the_maximum(res, target, edges[-1])
     if run.case.steps > 1:
         steps = {label.split("/")[1] for label in labels}
         assert len(steps) == run.case.steps, f"{name}: compared steps {sorted(steps)}"
     assert outcome.max_abs is not None and outcome.max_abs == outcome.max_abs, f"{name}: max_abs NaN"
+
+
+def _refuses_above_the_maximum(res: object, target: str, top: object) -> None:
+    """One past the top of every declared range: the runner refuses it, naming the dim."""
+    import re
+
+    import torch
+
+    import dualexport as dx
+    from dualexport.runtimes import open_runner
+    from dualexport.shared_state.contract import flatten_inputs, input_specs
+
+    program = res.program.exported_program  # type: ignore[attr-defined]
+    example = flatten_inputs(program, res.program.example_args, res.program.example_kwargs)  # type: ignore[attr-defined]
+    specs = input_specs(program)
+    i, d = next(
+        (i, d)
+        for i, spec in enumerate(specs)
+        for d, dim in enumerate(spec["dims"])
+        if not isinstance(dim, int) and dim[1] is not None
+    )
+    shapes = [list(s) for s in top.inputs]  # type: ignore[attr-defined]
+    shapes[i][d] = specs[i]["dims"][d][1] + 1
+    flat = [torch.zeros(s, dtype=t.dtype) for s, t in zip(shapes, example, strict=True)]
+    runner = open_runner(target, res.artifacts[target].path)  # type: ignore[attr-defined]
+    try:
+        runner.run(flat)
+    except dx.InputError as exc:
+        assert re.search(rf"dim {d} is {shapes[i][d]}, outside the exported range", str(exc)), str(exc)
+    else:
+        raise AssertionError(f"{target} ran input {i} dim {d} = {shapes[i][d]}, above the declared maximum")

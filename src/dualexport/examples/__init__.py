@@ -15,15 +15,21 @@ class TinyConvNet(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1, groups=32), nn.ReLU(),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1, groups=32),
+            nn.ReLU(),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(32, num_classes)
         g = torch.Generator().manual_seed(0)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
+                assert m.running_mean is not None and m.running_var is not None
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
 

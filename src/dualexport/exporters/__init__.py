@@ -6,5 +6,12 @@ from .base import Exporter, ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 from .registry import TARGETS, get_exporter, normalize_targets
 
-__all__ = ["Exporter", "ExportOptions", "LoweredTarget", "DelegationReport", "TARGETS",
-           "get_exporter", "normalize_targets"]
+__all__ = [
+    "Exporter",
+    "ExportOptions",
+    "LoweredTarget",
+    "DelegationReport",
+    "TARGETS",
+    "get_exporter",
+    "normalize_targets",
+]

@@ -50,8 +50,9 @@ def _batch_norm(graph: torch.fx.Graph) -> bool:
 def _foldable(graph: torch.fx.Graph) -> bool:
     """ConstPropPass (ExecuTorch's ExportPass one) folds a node only when no argument is a traced
     value: every input node is a get_attr constant, or there is none (full, arange, ...)."""
-    return any(n.op == "call_function" and all(i.op == "get_attr" for i in n.all_input_nodes)
-               for n in graph.nodes)
+    return any(
+        n.op == "call_function" and all(i.op == "get_attr" for i in n.all_input_nodes) for n in graph.nodes
+    )
 
 
 def _fusable_activation(graph: torch.fx.Graph) -> bool:
@@ -106,11 +107,11 @@ _original: Any = None
 
 @functools.cache
 def _pass_manager_class() -> type:
-    from executorch.backends.xnnpack._passes import XNNPACKPassManager, XNNPACKPass
+    from executorch.backends.xnnpack._passes import XNNPACKPass, XNNPACKPassManager
     from executorch.exir.pass_base import ExportPass
     from executorch.exir.program._program import _transform
 
-    class PrunedXNNPACKPassManager(XNNPACKPassManager):  # type: ignore[misc, valid-type]
+    class PrunedXNNPACKPassManager(XNNPACKPassManager):
         """XNNPACKPassManager.transform, asking PASS_NEEDS before each pass."""
 
         def transform(self) -> Any:

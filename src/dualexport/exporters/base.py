@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -40,6 +41,11 @@ class LoweredTarget:
     ops: tuple[str, ...] = ()
     delegation: DelegationReport | None = None
     weight_notes: dict[str, str] = field(default_factory=dict)
+    #: every tensor the lowered program still holds, by name (invariant 2: each must be the
+    #: holder's own object); the job checks and drops them before the result crosses a process
+    kept_tensors: Mapping[str, Any] = field(default_factory=dict)
+    #: how many XNNPACK backend passes were skipped (``exporters.backend_passes.PassPruning``)
+    backend_passes: Any = None
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,8 +59,9 @@ class Exporter(Protocol):
         """Return the target's decomposed program (a new program; the shared one is untouched)."""
         ...
 
-    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
-              options: ExportOptions) -> LoweredTarget:
+    def lower(
+        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> LoweredTarget:
         """Write ``<name><suffix>`` (and side files) into ``staging``."""
         ...
 

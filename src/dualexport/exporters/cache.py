@@ -30,8 +30,14 @@ __all__ = ["target_cache_key", "previous_manifest", "link_previous_files"]
 _NOT_IN_KEY = frozenset({"prune_backend_passes", "parallel"})
 
 
-def target_cache_key(fp: ProgramFingerprint, target: str, options: ExportOptions,
-                     extra: Mapping[str, Any] | None = None, *, weights: bool = True) -> str:
+def target_cache_key(
+    fp: ProgramFingerprint,
+    target: str,
+    options: ExportOptions,
+    extra: Mapping[str, Any] | None = None,
+    *,
+    weights: bool = True,
+) -> str:
     """The key a reused artifact must match. With ``weights=False``: the structure key, equal
     for two programs that differ only in weight values (a weights-only change can be patched)."""
     payload = {
@@ -57,7 +63,9 @@ def previous_manifest(folder: pathlib.Path, name: str) -> Any | None:
         return None
 
 
-def link_previous_files(previous: pathlib.Path, staging: pathlib.Path, files: list[str]) -> list[pathlib.Path] | None:
+def link_previous_files(
+    previous: pathlib.Path, staging: pathlib.Path, files: list[str]
+) -> list[pathlib.Path] | None:
     """Hard-link (or copy) the previous artifact files into the new set; None if one is gone."""
     out = []
     for fname in files:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["DelegationReport"]
+from ..errors import DelegationError
+
+__all__ = ["DelegationReport", "check_full_delegation"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,13 @@ class DelegationReport:
         from executorch.devtools.backend_debug import get_delegation_info
 
         info = get_delegation_info(graph_module)
-        by_op = {op: (b.delegated, b.non_delegated)
-                 for op, b in sorted(info.delegation_by_operator.items())}
-        return cls(info.num_delegated_subgraphs, info.num_delegated_nodes,
-                   info.num_non_delegated_nodes, MappingProxyType(by_op))
+        by_op = {op: (b.delegated, b.non_delegated) for op, b in sorted(info.delegation_by_operator.items())}
+        return cls(
+            info.num_delegated_subgraphs,
+            info.num_delegated_nodes,
+            info.num_non_delegated_nodes,
+            MappingProxyType(by_op),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,8 +58,12 @@ class DelegationReport:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DelegationReport:
         by_op = {op: (int(v["delegated"]), int(v["non_delegated"])) for op, v in data["by_op"].items()}
-        return cls(int(data["subgraphs"]), int(data["delegated_nodes"]),
-                   int(data["non_delegated_nodes"]), MappingProxyType(by_op))
+        return cls(
+            int(data["subgraphs"]),
+            int(data["delegated_nodes"]),
+            int(data["non_delegated_nodes"]),
+            MappingProxyType(by_op),
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled through its dict form (a mappingproxy does not pickle): a forked lowering
@@ -72,3 +81,32 @@ class DelegationReport:
         ]
         lines += [f"| {op} | {d} | {n} |" for op, (d, n) in self.by_op.items()]
         return "\n".join(lines) + "\n"
+
+
+def check_full_delegation(report: DelegationReport | None, program: Any = None) -> None:
+    """For ``require_full_delegation=True``: raise DelegationError naming every op XNNPACK left
+    to the portable runtime (and, from ``program``, the node and model line of the first one)."""
+    if report is None:
+        return
+    missing = [op for op, (_, nd) in report.by_op.items() if nd and op not in ("getitem", "alloc")]
+    if not missing:
+        return
+    from ..shared_state.nodes import describe_node, op_name
+
+    first: Any = None
+    dotted: dict[str, str] = {}
+    if program is not None:
+        for n in program.graph.nodes:
+            key = op_name(n).replace(".", "_") if n.op == "call_function" else None
+            if key in missing:
+                dotted.setdefault(key, op_name(n))
+                first = first if first is not None else n
+    names = [dotted.get(op, op) for op in missing]
+    counts = ", ".join(f"{dotted.get(op, op)} x{report.by_op[op][1]}" for op in missing)
+    raise DelegationError(
+        f"require_full_delegation: {len(missing)} op(s) were not delegated to XNNPACK: {counts}"
+        + (f"; the first at {describe_node(first)}" if first is not None else ""),
+        ops=names,
+        hint="replace those ops in the model with ones XNNPACK supports, or pass "
+        "require_full_delegation=False to accept portable kernels for them",
+    )

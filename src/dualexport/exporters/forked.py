@@ -90,12 +90,12 @@ class ForkedCall(Generic[T]):
                 torch.set_num_threads(1)
                 payload = pickle.dumps(("ok", fn()), protocol=pickle.HIGHEST_PROTOCOL)
                 status = 0
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which reruns
+            except BaseException as exc:
                 payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
             try:
                 view = memoryview(payload)
                 while view:
-                    view = view[os.write(write, view):]
+                    view = view[os.write(write, view) :]
             finally:
                 os._exit(status)
         os.close(write)
@@ -104,8 +104,11 @@ class ForkedCall(Generic[T]):
     def cancel(self) -> None:
         """Kill the child and reap it (the caller gave up on the result: an exception or an
         interrupt between start and collection)."""
-        for step in (lambda: os.kill(self._pid, signal.SIGKILL), lambda: os.waitpid(self._pid, 0),
-                     lambda: os.close(self._read)):
+        for step in (
+            lambda: os.kill(self._pid, signal.SIGKILL),
+            lambda: os.waitpid(self._pid, 0),
+            lambda: os.close(self._read),
+        ):
             try:
                 step()
             except OSError:  # already gone, already reaped, already closed
@@ -129,8 +132,11 @@ class ForkedCall(Generic[T]):
                 if ticks != last_ticks:
                     last_ticks, last_change = ticks, time.monotonic()
                 elif time.monotonic() - last_change > STALL_SECONDS:
-                    logger.warning("%s: forked worker used no CPU for %.0f s; killed, running "
-                                   "in-process", self.label, STALL_SECONDS)
+                    logger.warning(
+                        "%s: forked worker used no CPU for %.0f s; killed, running in-process",
+                        self.label,
+                        STALL_SECONDS,
+                    )
                     os.kill(self._pid, signal.SIGKILL)
                     break
         finally:
@@ -138,7 +144,7 @@ class ForkedCall(Generic[T]):
             _, status = os.waitpid(self._pid, 0)
         try:
             kind, value = pickle.loads(b"".join(chunks))
-        except Exception:  # noqa: BLE001 - killed mid-write, or nothing written
+        except Exception:
             kind, value = "error", f"exit code {os.waitstatus_to_exitcode(status)}"
         if kind != "ok" or os.waitstatus_to_exitcode(status) != 0:
             logger.warning("%s: forked worker failed (%s); running in-process", self.label, value)

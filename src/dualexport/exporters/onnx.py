@@ -13,6 +13,7 @@ lost. Only dead nodes and unused initializers are removed (onnx_ir RemoveUnusedN
 
 from __future__ import annotations
 
+import json
 import logging
 import pathlib
 from typing import ClassVar
@@ -21,6 +22,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import OnnxLoweringError
+from ..shared_state.contract import RANGES_METADATA, input_specs
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
 
@@ -53,9 +55,12 @@ def _user_input_names(program: ExportedProgram) -> list[str]:
     from torch.export.graph_signature import InputKind
 
     nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    return [s.arg.name for s in program.graph_signature.input_specs
-            if s.kind == InputKind.USER_INPUT and isinstance(nodes.get(s.arg.name, None) and
-                                                             nodes[s.arg.name].meta.get("val"), torch.Tensor)]
+    return [
+        s.arg.name
+        for s in program.graph_signature.input_specs
+        if s.kind == InputKind.USER_INPUT
+        and isinstance(nodes.get(s.arg.name, None) and nodes[s.arg.name].meta.get("val"), torch.Tensor)
+    ]
 
 
 def _make_state_explicit(program: ExportedProgram) -> None:
@@ -77,8 +82,9 @@ def _make_state_explicit(program: ExportedProgram) -> None:
     for i, spec in enumerate(sig.input_specs):
         if spec.kind == InputKind.BUFFER and spec.target in mutated:
             state.append({"buffer": spec.target, "input": spec.arg.name})
-            sig.input_specs[i] = InputSpec(kind=InputKind.USER_INPUT, arg=spec.arg, target=None,
-                                           persistent=None)
+            sig.input_specs[i] = InputSpec(
+                kind=InputKind.USER_INPUT, arg=spec.arg, target=None, persistent=None
+            )
     for i, spec in enumerate(sig.output_specs):
         if spec.kind == OutputKind.BUFFER_MUTATION:
             for item in state:
@@ -124,15 +130,15 @@ class OnnxExporter:
             )
         first = str(exc).strip().splitlines()
         return OnnxLoweringError(
-            f"torch.onnx could not translate the program: {type(exc).__name__}: "
-            f"{first[-1] if first else ''}",
+            f"torch.onnx could not translate the program: {type(exc).__name__}: {first[-1] if first else ''}",
             target=self.target,
             hint="see the chained exception; torch.onnx.export(..., report=True) on the same "
             "program writes a detailed report",
         )
 
-    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
-              options: ExportOptions) -> LoweredTarget:
+    def lower(
+        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> LoweredTarget:
         import onnx
         import onnx_ir as ir
         from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -143,8 +149,11 @@ class OnnxExporter:
         except Exception as exc:
             raise self._diagnose(decomposed, exc) from exc
         model = onnx_program.model
-        kept = {k: v.const_value.raw for k, v in model.graph.initializers.items()
-                if isinstance(getattr(v.const_value, "raw", None), torch.Tensor)}
+        kept = {
+            k: raw
+            for k, v in model.graph.initializers.items()
+            if isinstance(raw := getattr(v.const_value, "raw", None), torch.Tensor)
+        }
         if options.onnx_opset is not None:
             from onnxscript import version_converter
 
@@ -154,33 +163,42 @@ class OnnxExporter:
             # The state input defaults to the buffer's initial value (an initializer of the same
             # name), so a first call may omit it; each call returns the updated state.
             value = next(v for v in model.graph.inputs if v.name == item["input"])
-            value.const_value = ir.tensor(decomposed.state_dict.get(item["buffer"],
-                                                                  decomposed.constants.get(item["buffer"])).detach().clone().numpy(), name=item["input"])
+            value.const_value = ir.tensor(
+                decomposed.state_dict.get(item["buffer"], decomposed.constants.get(item["buffer"]))
+                .detach()
+                .clone()
+                .numpy(),
+                name=item["input"],
+            )
             model.graph.register_initializer(value)
             item["output"] = model.graph.outputs[item["output_index"]].name
-        import json
-
-        from ..parity.inputs import input_specs
-
         if state:
             model.metadata_props["dualexport.state"] = json.dumps(state)
         # The exported dim ranges travel with the file (ONNX cannot state them); our runner and
         # any consumer can refuse out-of-range inputs instead of computing garbage.
         specs = input_specs(decomposed)
         state_inputs = {s["input"] for s in state}
-        user_specs = [sp for sp, name in zip(specs, _user_input_names(decomposed)) if name not in state_inputs]
-        model.metadata_props["dualexport.input_ranges"] = json.dumps(user_specs)
+        user_specs = [
+            sp
+            for sp, name in zip(specs, _user_input_names(decomposed), strict=True)
+            if name not in state_inputs
+        ]
+        model.metadata_props[RANGES_METADATA] = json.dumps(user_specs)
         RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
 
         path = staging / f"{name}.onnx"
         data_name = f"{name}.onnx.data"
-        big = [v for v in model.graph.initializers.values()
-               if v.const_value is not None and v.const_value.nbytes >= options.external_data_threshold]
+        big = [
+            v
+            for v in model.graph.initializers.values()
+            if v.const_value is not None and v.const_value.nbytes >= options.external_data_threshold
+        ]
         try:
             if big:
-                ir.save(model, path, external_data=data_name,
-                        size_threshold_bytes=options.external_data_threshold)
+                ir.save(
+                    model, path, external_data=data_name, size_threshold_bytes=options.external_data_threshold
+                )
             else:
                 ir.save(model, path)
             onnx.checker.check_model(str(path), full_check=False)
@@ -191,10 +209,12 @@ class OnnxExporter:
                 hint="this is usually an exporter bug; try onnx_opset=<another opset>",
             ) from exc
         files = [path] + ([staging / data_name] if big else [])
-        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}"
-                            for n in model.graph}))
-        return LoweredTarget(target=self.target, files=tuple(files), ops=ops,
-                             weight_notes=self.weight_notes(decomposed),
-                             details={"kept_tensors": kept,
-                                      "op_list": [n.op_type for n in model.graph],
-                                      "opset": model.opset_imports.get("", None)})
+        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in model.graph}))
+        return LoweredTarget(
+            target=self.target,
+            files=tuple(files),
+            ops=ops,
+            weight_notes=self.weight_notes(decomposed),
+            kept_tensors=kept,
+            details={"op_list": [n.op_type for n in model.graph], "opset": model.opset_imports.get("", None)},
+        )

@@ -47,8 +47,12 @@ class Change:
     data: bytes
 
 
-def plan_patch(target: str, entries: Sequence[WeightEntry], digests: Mapping[str, str],
-               tensors: Mapping[str, torch.Tensor]) -> list[Change] | None:
+def plan_patch(
+    target: str,
+    entries: Sequence[WeightEntry],
+    digests: Mapping[str, str],
+    tensors: Mapping[str, torch.Tensor],
+) -> list[Change] | None:
     """The rewrites that turn the previous ``target`` file into this program's, or ``None``.
 
     ``entries`` are the previous manifest's; ``digests``/``tensors`` the holder's, by name.
@@ -56,8 +60,11 @@ def plan_patch(target: str, entries: Sequence[WeightEntry], digests: Mapping[str
     if target not in _PATCHABLE:
         return None
     changes: list[Change] = []
-    where_count = Counter(e.locations[target].where for e in entries
-                          if target in e.locations and e.locations[target].status == "exact")
+    where_count = Counter(
+        e.locations[target].where
+        for e in entries
+        if target in e.locations and e.locations[target].status == "exact"
+    )
     # XNNPACK keys its named data by content: a value held by two entries is stored once.
     now = Counter(digests[e.name] for e in entries if e.name in digests)
     for e in entries:
@@ -72,13 +79,15 @@ def plan_patch(target: str, entries: Sequence[WeightEntry], digests: Mapping[str
             return None  # e.g. a .pte constant buffer outside the delegate: no patcher
         if target == "xnnpack" and (e.sha256 in now or now[digests[e.name]] != 1):
             return None  # the old or the new bytes are also another weight's: one shared entry
-        changes.append(Change(e.name, loc.where, e.sha256, digests[e.name],
-                              bytes(tensor_bytes(tensors[e.name]))))
+        changes.append(
+            Change(e.name, loc.where, e.sha256, digests[e.name], bytes(tensor_bytes(tensors[e.name])))
+        )
     return changes
 
 
-def patch_files(target: str, previous: pathlib.Path, staging: pathlib.Path, files: list[str],
-                changes: list[Change]) -> list[pathlib.Path]:
+def patch_files(
+    target: str, previous: pathlib.Path, staging: pathlib.Path, files: list[str], changes: list[Change]
+) -> list[pathlib.Path]:
     """Copy the previous files into ``staging`` and apply ``changes``; raises ValueError when a
     file does not hold an old value where the manifest said (the caller then lowers)."""
     out = []
@@ -131,9 +140,8 @@ def _patch_onnx(staging: pathlib.Path, main: str, changes: list[Change]) -> None
 def _named_offsets(path: pathlib.Path) -> dict[str, tuple[int, int]]:
     """File offset and size of every named-data buffer of a .pte, from ExecuTorch's own reader
     (it slices a memoryview of the mapped file, so a slice's address gives its offset)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
     import numpy as np
+    from executorch.exir._serialize._program import deserialize_pte_binary
 
     with open(path, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -156,15 +164,15 @@ def _patch_pte(path: pathlib.Path, changes: list[Change]) -> None:
             start, size = offsets.get(key, (-1, 0))
             if not 0 <= start <= len(data) - size:
                 raise ValueError(f"{path.name} has no named data {key[:12]}... inside the file")
-            if size != len(c.data) or hashlib.sha256(data[start:start + size]).hexdigest() != c.old_sha256:
+            if size != len(c.data) or hashlib.sha256(data[start : start + size]).hexdigest() != c.old_sha256:
                 raise ValueError(f"named data {key[:12]}... of {path.name} is not {c.name}'s old value")
-            data[start:start + size] = c.data
+            data[start : start + size] = c.data
             # The key (sha256 of the bytes) names the data in the program and in the XNNPACK
             # payload: rename every occurrence, same length.
             old, new = c.old_sha256.encode(), c.new_sha256.encode()
             pos, renamed = data.find(old), 0
             while pos != -1:
-                data[pos:pos + len(old)] = new
+                data[pos : pos + len(old)] = new
                 renamed += 1
                 pos = data.find(old, pos + len(old))
             if renamed == 0:

@@ -7,55 +7,50 @@ whole (linear, conv, ...), as ExecuTorch itself does before partitioning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pathlib
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, cast
 
 import torch
 from torch.export import ExportedProgram
 
 from ..errors import XnnpackLoweringError
+from ..shared_state.contract import RANGES_METHOD, encode_input_ranges, input_specs
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 
-__all__ = ["XnnpackExporter", "weight_notes", "RANGES_METHOD", "encode_input_ranges", "decode_input_ranges"]
-
-#: A constant method in the .pte returning the exported input ranges (ExecuTorch refuses inputs
-#: above the maximum on its own, but runs inputs below the minimum).
-RANGES_METHOD = "dualexport_input_ranges"
+__all__ = ["XnnpackExporter", "weight_notes", "size_oblivious", "lower_to_buffer", "release_lowered_payloads"]
 
 
-def encode_input_ranges(program: ExportedProgram) -> list[int]:
-    """[n_inputs, (ndim, (lo, hi) * ndim) * n_inputs]; hi = -1 for unbounded."""
-    from ..parity.inputs import input_specs
+@contextlib.contextmanager
+def size_oblivious() -> Iterator[None]:
+    """Decide size checks without guarding on the example's sizes while ExecuTorch lowers.
 
-    specs = input_specs(program)
-    out = [len(specs)]
-    for spec in specs:
-        out.append(len(spec["dims"]))
-        for d in spec["dims"]:
-            lo, hi = (d, d) if isinstance(d, int) else (d[0], -1 if d[1] is None else d[1])
-            out += [int(lo), int(hi)]
-    return out
+    Why: fake-tensor kernels run during lowering ask size questions of the shared program's
+    shape environment (``_select_conv_backend`` asks whether the batch is below 16, ATen's CPU
+    kernels pick a strategy by size); each answer became a guard that narrowed the declared range,
+    and ExecuTorch then memory-planned the .pte for the narrowed maximum (a conv with a batch up
+    to 64 refused 16). torch.onnx wraps its own decompositions in the same setting.
+    """
+    import torch.fx.experimental._config as fx_config
 
+    # ``patch`` is installed on the config module at import time (torch's install_config_module)
+    with cast(Any, fx_config).patch(backed_size_oblivious=True):
+        yield
 
-def decode_input_ranges(flat: list[int]) -> list[list[tuple[int, int | None]]]:
-    it = iter(flat)
-    out = []
-    for _ in range(next(it)):
-        dims = []
-        for _ in range(next(it)):
-            lo, hi = next(it), next(it)
-            dims.append((lo, None if hi < 0 else hi))
-        out.append(dims)
-    return out
 
 logger = logging.getLogger(__name__)
 
-_BN_OPS = {"aten._native_batch_norm_legit_no_training.default", "aten.batch_norm.default",
-           "aten._native_batch_norm_legit.no_stats", "aten.native_batch_norm.default"}
+_BN_OPS = {
+    "aten._native_batch_norm_legit_no_training.default",
+    "aten.batch_norm.default",
+    "aten._native_batch_norm_legit.no_stats",
+    "aten.native_batch_norm.default",
+}
 _CONV_OPS = {"aten.convolution.default", "aten.conv2d.default", "aten.conv1d.default"}
 
 
@@ -72,20 +67,28 @@ def weight_notes(program: ExportedProgram) -> dict[str, str]:
         user_ops = {op_name(u) for u in users}
         quant = _quantization_note(node, users)
         value = program.state_dict.get(name, program.constants.get(name))
-        if quant and quant.startswith("zero points") and not (
-                isinstance(value, torch.Tensor) and not bool(value.any())):
+        if (
+            quant
+            and quant.startswith("zero points")
+            and not (isinstance(value, torch.Tensor) and not bool(value.any()))
+        ):
             quant = None  # non-zero zero points must be found in the artifact, not excused
         if quant:
             notes[name] = quant
         elif user_ops & _BN_OPS:
-            notes[name] = ("BatchNorm parameter: XNNPACK folds it into the preceding convolution "
-                           "(FuseBatchNormWithConvPass), so its bytes are not stored")
+            notes[name] = (
+                "BatchNorm parameter: XNNPACK folds it into the preceding convolution "
+                "(FuseBatchNormWithConvPass), so its bytes are not stored"
+            )
         elif user_ops & _CONV_OPS and any(
             op_name(cu) in _BN_OPS or any(op_name(g) in _BN_OPS for g in cu.users)
-            for u in users for cu in u.users
+            for u in users
+            for cu in u.users
         ):
-            notes[name] = ("convolution parameter fused with the following BatchNorm by XNNPACK: "
-                           "stored values differ from the state_dict by design")
+            notes[name] = (
+                "convolution parameter fused with the following BatchNorm by XNNPACK: "
+                "stored values differ from the state_dict by design"
+            )
     return notes
 
 
@@ -93,20 +96,33 @@ def _quantization_note(node: torch.fx.Node, users: list[torch.fx.Node]) -> str |
     """Why a tensor of an int8 program is not stored as-is by XNNPACK."""
     for u in users:
         target = str(u.target)
-        if target.startswith("quantized_decomposed.dequantize_per_channel") and len(u.args) > 2 \
-                and u.args[2] is node:
-            return ("zero points of symmetric per-channel int8 weights: XNNPACK's qc8 kernels encode "
-                    "them implicitly (0); checked: all zero in the holder and outputs compared with eager")
-        if target.startswith("quantized_decomposed.dequantize_per_channel") and len(u.args) > 1 \
-                and u.args[1] is node:
-            return ("per-channel scales of int8 weights, stored in the XNNPACK payload in its own "
-                    "encoding; checked: outputs compared with eager within one quantization step")
+        if (
+            target.startswith("quantized_decomposed.dequantize_per_channel")
+            and len(u.args) > 2
+            and u.args[2] is node
+        ):
+            return (
+                "zero points of symmetric per-channel int8 weights: XNNPACK's qc8 kernels encode "
+                "them implicitly (0); checked: all zero in the holder and outputs compared with eager"
+            )
+        if (
+            target.startswith("quantized_decomposed.dequantize_per_channel")
+            and len(u.args) > 1
+            and u.args[1] is node
+        ):
+            return (
+                "per-channel scales of int8 weights, stored in the XNNPACK payload in its own "
+                "encoding; checked: outputs compared with eager within one quantization step"
+            )
         if op_name(u) in _CONV_OPS | {"aten.linear.default"} and len(u.args) > 2 and u.args[2] is node:
             weight = u.args[1]
             if isinstance(weight, torch.fx.Node) and str(weight.target).startswith(
-                    "quantized_decomposed.dequantize_per_channel"):
-                return ("bias of an int8 op: XNNPACK requantizes it to int32 with input scale x weight "
-                        "scale; checked: outputs compared with eager within one quantization step")
+                "quantized_decomposed.dequantize_per_channel"
+            ):
+                return (
+                    "bias of an int8 op: XNNPACK requantizes it to int32 with input scale x weight "
+                    "scale; checked: outputs compared with eager within one quantization step"
+                )
     return None
 
 
@@ -130,7 +146,8 @@ class XnnpackExporter:
         table = _default_decomposition_table()
         for op in keep:
             table.pop(op, None)
-        return program.run_decompositions(table)
+        with size_oblivious():
+            return program.run_decompositions(table)
 
     def _diagnose(self, decomposed: ExportedProgram, exc: BaseException, stage: str) -> XnnpackLoweringError:
         text = str(exc).strip().splitlines()
@@ -149,22 +166,26 @@ class XnnpackExporter:
             "target='onnx' alone; see the chained exception",
         )
 
-    def lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
-              options: ExportOptions) -> LoweredTarget:
+    def lower(
+        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> LoweredTarget:
         # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
         # buffers next to parameters that require grad (a KV cache beside Linear weights).
-        with torch.no_grad():
+        with torch.no_grad(), size_oblivious():
             return self._lower(decomposed, staging, name, options)
 
-    def _lower(self, decomposed: ExportedProgram, staging: pathlib.Path, name: str,
-               options: ExportOptions) -> LoweredTarget:
+    def _lower(
+        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> LoweredTarget:
         from executorch.exir import to_edge_transform_and_lower
 
         try:
             with pruned_backend_passes(options.prune_backend_passes) as pruning:
                 edge = to_edge_transform_and_lower(
-                    decomposed, partitioner=[_xnnpack_partitioner()],
-                    constant_methods={RANGES_METHOD: encode_input_ranges(decomposed)})
+                    decomposed,
+                    partitioner=[_xnnpack_partitioner()],
+                    constant_methods={RANGES_METHOD: encode_input_ranges(input_specs(decomposed))},
+                )
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
         lowered = edge.exported_program()
@@ -187,13 +208,31 @@ class XnnpackExporter:
             et.write_to_file(f)
         del et
         release_lowered_payloads(lowered.graph_module)
-        kept = _kept_tensors(lowered)
         ops = tuple(sorted({op_name(n) for n in lowered.graph.nodes if n.op == "call_function"}))
         return LoweredTarget(
-            target=self.target, files=(path,), ops=ops, delegation=delegation,
+            target=self.target,
+            files=(path,),
+            ops=ops,
+            delegation=delegation,
             weight_notes=self.weight_notes(decomposed),
-            details={"kept_tensors": kept, "backend_passes": pruning()},
+            kept_tensors=_kept_tensors(lowered),
+            backend_passes=pruning(),
         )
+
+
+def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None = None) -> bytes:
+    """Lower ``program`` with the XNNPACK partitioner and return the .pte bytes (the debug
+    lowering of localization: no file, no ranges method, the same size-oblivious setting);
+    ``edit`` sees the edge program manager before serialization (e.g. to strip taps)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    with torch.no_grad(), size_oblivious(), pruned_backend_passes():
+        edge = to_edge_transform_and_lower(program, partitioner=[_xnnpack_partitioner()])
+        if edit is not None:
+            edit(edge)
+        buffer = edge.to_executorch().buffer
+    release_lowered_payloads(edge.exported_program().graph_module)  # see its docstring: a leak
+    return buffer
 
 
 def release_lowered_payloads(graph_module: torch.fx.GraphModule) -> None:
@@ -208,8 +247,8 @@ def release_lowered_payloads(graph_module: torch.fx.GraphModule) -> None:
 
     for module in graph_module.modules():
         if isinstance(module, LoweredBackendModule):
-            module._named_data_store_output = None  # noqa: SLF001 - no public way to drop it
-            module._processed_bytes = b""  # noqa: SLF001
+            module._named_data_store_output = None
+            module._processed_bytes = b""
 
 
 def _kept_tensors(lowered: ExportedProgram) -> dict[str, Any]:

@@ -8,6 +8,20 @@ from .lock import export_lock
 from .paths import check_name, prepare_out_dir, safe_child
 from .space import check_free_space, needed_bytes
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "commit_files", "staging_dir", "remove_dead_leftovers",
-           "ArtifactSet", "artifact_set", "current_set", "recover", "export_lock",
-           "check_name", "prepare_out_dir", "safe_child", "check_free_space", "needed_bytes"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "commit_files",
+    "staging_dir",
+    "remove_dead_leftovers",
+    "ArtifactSet",
+    "artifact_set",
+    "current_set",
+    "recover",
+    "export_lock",
+    "check_name",
+    "prepare_out_dir",
+    "safe_child",
+    "check_free_space",
+    "needed_bytes",
+]

@@ -21,8 +21,16 @@ from collections.abc import Collection, Iterator, Sequence
 
 from ..errors import ArtifactIOError, DiskSpaceError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "staging_dir", "commit_files", "STAGING_PREFIX",
-           "remove_dead_leftovers", "pending_staging", "io_error"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "staging_dir",
+    "commit_files",
+    "STAGING_PREFIX",
+    "remove_dead_leftovers",
+    "pending_staging",
+    "io_error",
+]
 
 STAGING_PREFIX = ".dualexport-staging-"
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
@@ -47,11 +55,14 @@ def _owner_tag() -> str:
 def io_error(exc: OSError, what: str) -> ArtifactIOError:
     """Turn an OSError into the error a user can act on (a full disk says so)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DiskSpaceError(f"no space left while writing {what}",
-                              hint="free disk space in the output folder's file system, or choose "
-                              "another out_dir; the previous artifacts were left as they were")
-    return ArtifactIOError(f"cannot write {what}: {exc.strerror or exc}",
-                           hint="check the folder's permissions and free space")
+        return DiskSpaceError(
+            f"no space left while writing {what}",
+            hint="free disk space in the output folder's file system, or choose "
+            "another out_dir; the previous artifacts were left as they were",
+        )
+    return ArtifactIOError(
+        f"cannot write {what}: {exc.strerror or exc}", hint="check the folder's permissions and free space"
+    )
 
 
 def _fsync_dir(path: pathlib.Path) -> None:

@@ -25,8 +25,15 @@ import pathlib
 from collections.abc import Iterator
 
 from ..errors import ArtifactIOError, UnsafeArtifactError
-from .atomic import (STAGING_PREFIX, _fsync_dir, atomic_write_text, io_error, pending_staging,
-                     remove_dead_leftovers, staging_dir)
+from .atomic import (
+    STAGING_PREFIX,
+    _fsync_dir,
+    atomic_write_text,
+    io_error,
+    pending_staging,
+    remove_dead_leftovers,
+    staging_dir,
+)
 from .lock import export_lock
 from .paths import safe_child
 from .space import check_free_space
@@ -38,8 +45,18 @@ logger = logging.getLogger(__name__)
 SCHEMA = "dualexport.commit/1"
 # Files an export (or the CLI after it) writes for ``name``; used to find the previous set in a
 # folder written before set records existed, and to drop stale ones (an old parity report).
-KNOWN_SUFFIXES = (".onnx", ".onnx.data", ".pte", ".weights.json", ".pt2", ".inputs.npz",
-                  ".delegation.json", ".delegation.md", ".parity.json", ".parity.html")
+KNOWN_SUFFIXES = (
+    ".onnx",
+    ".onnx.data",
+    ".pte",
+    ".weights.json",
+    ".pt2",
+    ".inputs.npz",
+    ".delegation.json",
+    ".delegation.md",
+    ".parity.json",
+    ".parity.html",
+)
 
 
 def journal_path(out_dir: pathlib.Path, name: str) -> pathlib.Path:
@@ -68,9 +85,11 @@ def _move(src: pathlib.Path, dst: pathlib.Path) -> None:
 def _roll_forward(out_dir: pathlib.Path, name: str, journal: dict) -> None:
     staging = safe_child(out_dir, str(journal.get("staging", "")), what="commit journal staging folder")
     if not staging.name.startswith(STAGING_PREFIX):
-        raise UnsafeArtifactError(f"{journal_path(out_dir, name).name} names {staging.name!r}, "
-                                  "which is not a dualexport staging folder",
-                                  hint="delete the journal file; the folder then keeps the files it has")
+        raise UnsafeArtifactError(
+            f"{journal_path(out_dir, name).name} names {staging.name!r}, "
+            "which is not a dualexport staging folder",
+            hint="delete the journal file; the folder then keeps the files it has",
+        )
     files = [safe_child(out_dir, f, what="commit journal entry").name for f in journal.get("files", [])]
     remove = [safe_child(out_dir, f, what="commit journal entry").name for f in journal.get("remove", [])]
     try:
@@ -89,9 +108,12 @@ def _roll_forward(out_dir: pathlib.Path, name: str, journal: dict) -> None:
             raise ArtifactIOError(
                 f"the interrupted commit of {name!r} in {str(out_dir)!r} cannot be finished: "
                 f"{', '.join(wrong)} are not the files it staged",
-                hint=f"re-export {name!r}; the folder holds a mix of two exports until then")
-        atomic_write_text(_record_path(out_dir, name), json.dumps(
-            {"schema": SCHEMA, "name": name, "files": files, "sizes": sizes}, indent=1) + "\n")
+                hint=f"re-export {name!r}; the folder holds a mix of two exports until then",
+            )
+        atomic_write_text(
+            _record_path(out_dir, name),
+            json.dumps({"schema": SCHEMA, "name": name, "files": files, "sizes": sizes}, indent=1) + "\n",
+        )
         os.unlink(journal_path(out_dir, name))
         _fsync_dir(out_dir)
     except OSError as exc:
@@ -112,8 +134,10 @@ def recover(out_dir: pathlib.Path, name: str) -> bool:
             if not isinstance(journal, dict) or journal.get("schema") != SCHEMA:
                 raise ValueError(f"schema is not {SCHEMA}")
         except (OSError, ValueError) as exc:
-            raise ArtifactIOError(f"{path.name} in {str(out_dir)!r} is not a readable commit journal: {exc}",
-                                  hint="delete it and re-export") from exc
+            raise ArtifactIOError(
+                f"{path.name} in {str(out_dir)!r} is not a readable commit journal: {exc}",
+                hint="delete it and re-export",
+            ) from exc
         logger.warning("finishing the interrupted commit of %r in %s", name, out_dir)
         _roll_forward(out_dir, name, journal)
         rolled = True
@@ -135,8 +159,11 @@ class ArtifactSet:
         return self.out_dir / pathlib.Path(path).name
 
     def staged_files(self) -> list[str]:
-        return sorted(e.name for e in os.scandir(self.dir)
-                      if e.is_file(follow_symlinks=False) and not e.name.startswith("."))
+        return sorted(
+            e.name
+            for e in os.scandir(self.dir)
+            if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
+        )
 
     def commit(self) -> tuple[pathlib.Path, ...]:
         """Replace the previous set by the staged files, all or nothing (see the module doc).
@@ -148,8 +175,9 @@ class ArtifactSet:
             return self.committed
         files = self.staged_files()
         if not files:
-            logger.warning("nothing to commit for %r: the previous artifacts in %s are kept",
-                           self.name, self.out_dir)
+            logger.warning(
+                "nothing to commit for %r: the previous artifacts in %s are kept", self.name, self.out_dir
+            )
             self.committed = ()
             return ()
         for f in files:
@@ -160,8 +188,14 @@ class ArtifactSet:
                 os.close(fd)
         _fsync_dir(self.dir)
         remove = sorted(set(current_set(self.out_dir, self.name)) - set(files))
-        journal = {"schema": SCHEMA, "name": self.name, "staging": self.dir.name, "files": files,
-                   "sizes": {f: (self.dir / f).stat().st_size for f in files}, "remove": remove}
+        journal = {
+            "schema": SCHEMA,
+            "name": self.name,
+            "staging": self.dir.name,
+            "files": files,
+            "sizes": {f: (self.dir / f).stat().st_size for f in files},
+            "remove": remove,
+        }
         atomic_write_text(journal_path(self.out_dir, self.name), json.dumps(journal, indent=1) + "\n")
         _roll_forward(self.out_dir, self.name, journal)  # the journal is the commit point
         self.committed = tuple(self.out_dir / f for f in files)

@@ -39,15 +39,18 @@ def export_lock(out_dir: pathlib.Path, name: str, *, shared: bool = False) -> It
         if shared and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
             yield False
             return
-        raise ArtifactIOError(f"cannot create the lock file {path.name} in {str(out_dir)!r}: {exc.strerror}",
-                              hint="choose a writable out_dir") from exc
+        raise ArtifactIOError(
+            f"cannot create the lock file {path.name} in {str(out_dir)!r}: {exc.strerror}",
+            hint="choose a writable out_dir",
+        ) from exc
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ExportLockedError(
                 f"another export is writing {name!r} in {str(out_dir)!r}",
-                hint="wait for it to finish, or export under another name or folder") from None
+                hint="wait for it to finish, or export under another name or folder",
+            ) from None
         if not shared:  # a killed run's temp files and staging folders go now
             remove_dead_leftovers(out_dir, keep=pending_staging(out_dir))
         yield True

@@ -38,6 +38,7 @@ def check_free_space(out_dir: pathlib.Path, need: int) -> None:
         raise DiskSpaceError(
             f"{str(out_dir)!r} has {free / 2**20:.1f} MiB free, the artifacts need about "
             f"{need / 2**20:.1f} MiB",
-            need=need, free=free,
+            need=need,
+            free=free,
             hint="free disk space, or choose an out_dir on a file system with more room",
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,8 +13,9 @@ from torch.export import ExportedProgram
 from .._versions import library_versions
 from ..errors import DualExportError, ParityError
 from ..runtimes import open_runner
-from ..runtimes.eager import EagerRunner, flatten_inputs, is_stateful
-from .inputs import check_input_shapes
+from ..runtimes.eager import EagerRunner
+from ..shared_state.contract import check_input_shapes, flatten_inputs, is_stateful
+from ..shared_state.fingerprint import ranges_kept
 from .metrics import compute_metrics
 from .report import Divergence, OutputParity, ParityReport
 from .tolerances import quantized_tolerance, tolerance_for
@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 InputSet = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
-def error_histogram(actual: torch.Tensor, reference: torch.Tensor, bins: int = 24) -> tuple[tuple[float, ...], tuple[int, ...]]:
+def error_histogram(
+    actual: torch.Tensor, reference: torch.Tensor, bins: int = 24
+) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """Histogram of log10(|actual - reference|) over finite elements; exact zeros go to the
     first bin (edge -12), so a perfect match is one tall bar on the left."""
     if actual.shape != reference.shape or actual.numel() == 0:
@@ -72,10 +74,12 @@ def run_parity(
         flats.append(flat)
     # Building the eager module and loading the runtimes dominate a small compare: do it once,
     # and again per input set only where state must start over.
+    if not input_sets:
+        raise ParityError("no input set to compare", hint="pass the example inputs at least")
     stateful = is_stateful(program)
-    eager = EagerRunner(program, *input_sets[0][1:]) if input_sets else None
+    eager = EagerRunner(program, *input_sets[0][1:])
     runners: dict[str, Any] = {}
-    for index, ((set_label, args, kwargs), flat) in enumerate(zip(input_sets, flats)):
+    for index, ((set_label, _args, _kwargs), flat) in enumerate(zip(input_sets, flats, strict=True)):
         if index and stateful:
             eager.reset()
         for rt, path in artifacts.items():
@@ -97,7 +101,7 @@ def run_parity(
                     errors[rt] = str(exc)
                     continue
                 if len(got[rt]) != len(ref):
-                    errors[rt] = (f"{rt} returned {len(got[rt])} outputs, eager returned {len(ref)}")
+                    errors[rt] = f"{rt} returned {len(got[rt])} outputs, eager returned {len(ref)}"
                     del got[rt]
             for i, r in enumerate(ref):
                 label = f"{set_label}" + (f"/step{step}" if steps > 1 else "") + f"/out{i}"
@@ -120,8 +124,18 @@ def run_parity(
                     a, b = (got[rt][i] for rt in got)
                     tol = tolerance_for("cross", r.dtype, rtol=rtol, atol=atol)
                     cross = compute_metrics(a, b.to(a.dtype), rtol=tol.rtol, atol=tol.atol)
-                outputs.append(OutputParity(i, label, tuple(r.shape), str(r.dtype).replace("torch.", ""),
-                                            metrics, tols, cross, hists))
+                outputs.append(
+                    OutputParity(
+                        i,
+                        label,
+                        tuple(r.shape),
+                        str(r.dtype).replace("torch.", ""),
+                        metrics,
+                        tols,
+                        cross,
+                        hists,
+                    )
+                )
                 for rt, m in metrics.items():
                     if not m.ok and rt not in failing and step == 0:
                         failing[rt] = flat
@@ -129,32 +143,60 @@ def run_parity(
     if localize:
         for rt, flat in failing.items():
             try:
-                divergences[rt] = _localize(program, rt, pathlib.Path(artifacts[rt]), flat,
-                                            (decomposed or {}).get(rt), rtol=rtol, atol=atol)
+                divergences[rt] = _localize(
+                    program,
+                    rt,
+                    pathlib.Path(artifacts[rt]),
+                    flat,
+                    (decomposed or {}).get(rt),
+                    rtol=rtol,
+                    atol=atol,
+                )
             except Exception as exc:  # localization is a diagnosis; never hide the parity result
                 logger.warning("could not localize the %s divergence: %s", rt, exc)
                 errors.setdefault(f"{rt}-localization", f"{type(exc).__name__}: {exc}")
     first = {rt: (d.node if d is not None else None) for rt, d in divergences.items()}
-    return ParityReport(tuple(outputs), runtimes, first, divergences, tuple(s[0] for s in input_sets),
-                        steps, library_versions(), errors)
+    return ParityReport(
+        tuple(outputs),
+        runtimes,
+        first,
+        divergences,
+        tuple(s[0] for s in input_sets),
+        steps,
+        library_versions(),
+        errors,
+    )
 
 
-def _localize(program: ExportedProgram, runtime: str, path: pathlib.Path, flat: list[torch.Tensor],
-              decomposed: ExportedProgram | None, *, rtol: float | None, atol: float | None) -> Divergence | None:
+def _localize(
+    program: ExportedProgram,
+    runtime: str,
+    path: pathlib.Path,
+    flat: list[torch.Tensor],
+    decomposed: ExportedProgram | None,
+    *,
+    rtol: float | None,
+    atol: float | None,
+) -> Divergence | None:
     from ..exporters import get_exporter
     from .localize import first_divergence, onnx_values, reference_values, shared_name_map, xnnpack_values
 
-    if decomposed is None:
-        decomposed = get_exporter(runtime).decompose(program)
-    reference = reference_values(program, flat)
-    shared_names = {n.name for n in program.graph.nodes}
-    if runtime == "onnx":
-        names = [n.name for n in decomposed.graph.nodes if n.op == "call_function"]
-        observed = onnx_values(path, names, flat)
-        name_map = shared_name_map(decomposed, shared_names)
-    else:
-        observed, tapped = xnnpack_values(decomposed, flat)
-        name_map = shared_name_map(tapped, shared_names)
+    # The debug lowering runs kernels against the shared program's shape environment: whatever
+    # it narrows is put back (it is a diagnosis, not an artifact).
+    with ranges_kept(program) as narrowed:
+        if decomposed is None:
+            decomposed = get_exporter(runtime).decompose(program)
+        reference = reference_values(program, flat)
+        shared_names = {n.name for n in program.graph.nodes}
+        if runtime == "onnx":
+            names = [n.name for n in decomposed.graph.nodes if n.op == "call_function"]
+            observed = onnx_values(path, names, flat)
+            name_map = shared_name_map(decomposed, shared_names)
+        else:
+            observed, tapped = xnnpack_values(decomposed, flat)
+            name_map = shared_name_map(tapped, shared_names)
+    if narrowed:
+        logger.warning(
+            "localizing %s narrowed the program's ranges (%s); restored", runtime, "; ".join(narrowed)
+        )
     return first_divergence(program, reference, runtime, observed, name_map, rtol=rtol, atol=atol)
-
-

@@ -23,15 +23,19 @@ def _bars(edges: tuple[float, ...], counts: tuple[int, ...], color: str, title: 
     rects = []
     for i, c in enumerate(counts):
         bh = (h - 2 * pad) * (math.log10(c + 1) / math.log10(top + 1))
-        rects.append(f'<rect x="{pad + i * bw:.1f}" y="{h - pad - bh:.1f}" width="{bw - 1:.1f}" '
-                     f'height="{bh:.1f}" fill="{color}"><title>10^{edges[i]:.1f}..10^{edges[i + 1]:.1f}: {c}</title></rect>')
-    return (f'<svg width="{w}" height="{h}" role="img" aria-label="{html.escape(title)}">'
-            f'<text x="{pad}" y="14" font-size="12">{html.escape(title)}</text>'
-            + "".join(rects)
-            + f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
-            f'<text x="{pad}" y="{h - 8}" font-size="10">1e{edges[0]:.0f}</text>'
-            f'<text x="{w - pad - 30}" y="{h - 8}" font-size="10">1e{edges[-1]:.0f}</text>'
-            f'<text x="{w / 2 - 40}" y="{h - 8}" font-size="10">|error| (log10)</text></svg>')
+        rects.append(
+            f'<rect x="{pad + i * bw:.1f}" y="{h - pad - bh:.1f}" width="{bw - 1:.1f}" '
+            f'height="{bh:.1f}" fill="{color}"><title>10^{edges[i]:.1f}..10^{edges[i + 1]:.1f}: {c}</title></rect>'
+        )
+    return (
+        f'<svg width="{w}" height="{h}" role="img" aria-label="{html.escape(title)}">'
+        f'<text x="{pad}" y="14" font-size="12">{html.escape(title)}</text>'
+        + "".join(rects)
+        + f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
+        f'<text x="{pad}" y="{h - 8}" font-size="10">1e{edges[0]:.0f}</text>'
+        f'<text x="{w - pad - 30}" y="{h - 8}" font-size="10">1e{edges[-1]:.0f}</text>'
+        f'<text x="{w / 2 - 40}" y="{h - 8}" font-size="10">|error| (log10)</text></svg>'
+    )
 
 
 def _curve(points: list[tuple[str, float]], color: str, title: str) -> str:
@@ -44,15 +48,21 @@ def _curve(points: list[tuple[str, float]], color: str, title: str) -> str:
     n = len(vals)
     xs = [pad + (w - 2 * pad) * (i / max(n - 1, 1)) for i in range(n)]
     ys = [h - pad - (h - 2 * pad) * ((v - lo) / span) for v in vals]
-    path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(zip(xs, ys)))
-    dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"><title>{html.escape(name)}: {v:.3g}</title></circle>'
-                   for (name, v), x, y in zip(points, xs, ys))
-    return (f'<svg width="{w}" height="{h}" role="img" aria-label="{html.escape(title)}">'
-            f'<text x="{pad}" y="14" font-size="12">{html.escape(title)}</text>'
-            f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>{dots}'
-            f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
-            f'<text x="4" y="{pad}" font-size="10">1e{hi:.0f}</text><text x="4" y="{h - pad}" font-size="10">1e{lo:.0f}</text>'
-            f'<text x="{w / 2 - 60}" y="{h - 8}" font-size="10">nodes of the shared program (in order)</text></svg>')
+    path = " ".join(
+        f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(zip(xs, ys, strict=True))
+    )
+    dots = "".join(
+        f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"><title>{html.escape(name)}: {v:.3g}</title></circle>'
+        for (name, v), x, y in zip(points, xs, ys, strict=True)
+    )
+    return (
+        f'<svg width="{w}" height="{h}" role="img" aria-label="{html.escape(title)}">'
+        f'<text x="{pad}" y="14" font-size="12">{html.escape(title)}</text>'
+        f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>{dots}'
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
+        f'<text x="4" y="{pad}" font-size="10">1e{hi:.0f}</text><text x="4" y="{h - pad}" font-size="10">1e{lo:.0f}</text>'
+        f'<text x="{w / 2 - 60}" y="{h - 8}" font-size="10">nodes of the shared program (in order)</text></svg>'
+    )
 
 
 def render_html(report: ParityReport) -> str:
@@ -73,7 +83,8 @@ def render_html(report: ParityReport) -> str:
                 f"<tr><td>{html.escape(o.label)} {list(o.shape)}</td><td>{rt}</td><td>{m.max_abs:.3g}</td>"
                 f"<td>{m.max_rel:.3g}</td><td>{m.cosine:.6f}</td><td>{m.snr_db:.1f}</td>"
                 f"<td>{m.mismatch_pct:.2f}</td><td>{t.rtol:g}/{t.atol:g}</td>"
-                f"<td class='{'' if m.ok else 'bad'}'>{'yes' if m.ok else 'no'}</td></tr>")
+                f"<td class='{'' if m.ok else 'bad'}'>{'yes' if m.ok else 'no'}</td></tr>"
+            )
     parts.append("</table><h2>Error histograms</h2><div class='plots'>")
     for o in report.outputs:
         for rt, (edges, counts) in o.histograms.items():
@@ -84,12 +95,17 @@ def render_html(report: ParityReport) -> str:
     for rt, d in report.divergences.items():
         if d is None:
             continue
-        parts.append(f"<p><b>{rt}</b>: first divergence at <code>{html.escape(d.node)}</code> "
-                     f"({html.escape(d.op)}){' — ' + html.escape(d.source) if d.source else ''}</p>")
+        parts.append(
+            f"<p><b>{rt}</b>: first divergence at <code>{html.escape(d.node)}</code> "
+            f"({html.escape(d.op)}){' — ' + html.escape(d.source) if d.source else ''}</p>"
+        )
         parts.append(_curve(list(d.curve), _COLORS.get(rt, "#555"), f"{rt}: max |error| per node vs eager"))
     for rt, err in report.errors.items():
         parts.append(f"<p class='bad'>{rt} failed: {html.escape(err)}</p>")
-    parts.append("<p style='color:#666;font-size:12px'>"
-                 + html.escape(", ".join(f"{k} {v}" for k, v in report.versions.items())) + "</p>")
+    parts.append(
+        "<p style='color:#666;font-size:12px'>"
+        + html.escape(", ".join(f"{k} {v}" for k, v in report.versions.items()))
+        + "</p>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)

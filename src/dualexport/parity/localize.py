@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import pathlib
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from ..exporters.backend_passes import pruned_backend_passes
-from ..exporters.xnnpack import release_lowered_payloads
 from ..shared_state.nodes import op_name, user_frame
 from .metrics import Metrics, compute_metrics
 from .report import Divergence
@@ -49,12 +48,14 @@ def _program_args(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor])
     return out
 
 
-def reference_values(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def reference_values(
+    program: ExportedProgram, flat_inputs: Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Value of every call_function node of ``program`` (tensor outputs only), in graph order."""
     values: dict[str, torch.Tensor] = {}
 
     class _Recorder(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node):  # type: ignore[override]
+        def run_node(self, n: torch.fx.Node) -> Any:
             result = super().run_node(n)
             if n.op == "call_function" and isinstance(result, torch.Tensor):
                 values[n.name] = result.detach().clone()
@@ -84,7 +85,9 @@ def shared_name_map(program: ExportedProgram, shared_names: set[str]) -> dict[st
     return out
 
 
-def onnx_values(path: pathlib.Path, names: Sequence[str], flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def onnx_values(
+    path: pathlib.Path, names: Sequence[str], flat_inputs: Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -101,53 +104,66 @@ def onnx_values(path: pathlib.Path, names: Sequence[str], flat_inputs: Sequence[
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    feed = {i.name: np.ascontiguousarray(t.detach().numpy()) for i, t in zip(sess.get_inputs(), flat_inputs)}
+    feed = {
+        i.name: np.ascontiguousarray(t.detach().numpy())
+        for i, t in zip(sess.get_inputs(), flat_inputs, strict=False)
+    }
     out_names = [o.name for o in sess.get_outputs()]
     results = sess.run(None, feed)
-    return {n: torch.from_numpy(np.asarray(r)) for n, r in zip(out_names, results) if n in set(names)}
+    return {
+        n: torch.from_numpy(np.asarray(r)) for n, r in zip(out_names, results, strict=True) if n in set(names)
+    }
 
 
-def xnnpack_values(decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], ExportedProgram]:
+def xnnpack_values(
+    decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], ExportedProgram]:
     """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.devtools.intermediate_output_tap import (
         FULL_TENSOR,
         select_all_call_function,
         strip_taps_,
         tap_intermediate_outputs_,
     )
-    from executorch.exir import to_edge_transform_and_lower
     from executorch.runtime import Runtime
 
-    copy = decomposed.run_decompositions({})  # a new graph over the same tensors
+    from ..exporters.xnnpack import lower_to_buffer, size_oblivious
+
+    with size_oblivious():
+        copy = decomposed.run_decompositions({})  # a new graph over the same tensors
     base = select_all_call_function()
 
     def tensor_nodes(n: torch.fx.Node) -> bool:
         return base(n) and isinstance(n.meta.get("val"), torch.Tensor)
 
-    tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)],
-                                              error_on_empty=False)
-    with pruned_backend_passes():
-        edge = to_edge_transform_and_lower(tapped, partitioner=[XnnpackPartitioner()])
-    strip_taps_(edge)
-    buffer = edge.to_executorch().buffer
-    release_lowered_payloads(edge.exported_program().graph_module)  # see its docstring: a leak
+    tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False)
+    buffer = lower_to_buffer(tapped, strip_taps_)
     method = Runtime.get().load_program(buffer).load_method("forward")
     outs = method.execute([t.contiguous() for t in flat_inputs])
-    values = {s.node_name: outs[s.output_index] for s in specs if s.output_index < len(outs)
-              and isinstance(outs[s.output_index], torch.Tensor)}
+    values = {
+        s.node_name: outs[s.output_index]
+        for s in specs
+        if s.output_index < len(outs) and isinstance(outs[s.output_index], torch.Tensor)
+    }
     return values, tapped
 
 
-def first_divergence(shared: ExportedProgram, reference: Mapping[str, torch.Tensor],
-                     runtime: str, observed: Mapping[str, torch.Tensor], name_map: Mapping[str, str],
-                     *, rtol: float | None = None, atol: float | None = None) -> Divergence | None:
+def first_divergence(
+    shared: ExportedProgram,
+    reference: Mapping[str, torch.Tensor],
+    runtime: str,
+    observed: Mapping[str, torch.Tensor],
+    name_map: Mapping[str, str],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Divergence | None:
     """Walk the shared program in order; the first node whose runtime value is out of tolerance."""
     by_shared: dict[str, torch.Tensor] = {}
     for derived, value in observed.items():
         shared_name = name_map.get(derived)
         ref = reference.get(shared_name) if shared_name else None
-        if ref is not None and tuple(value.shape) == tuple(ref.shape):
+        if shared_name is not None and ref is not None and tuple(value.shape) == tuple(ref.shape):
             by_shared[shared_name] = value  # later derived nodes of one shared node overwrite
     curve: list[tuple[str, float]] = []
     first: tuple[torch.fx.Node, Metrics] | None = None
@@ -165,5 +181,11 @@ def first_divergence(shared: ExportedProgram, reference: Mapping[str, torch.Tens
     if first is None:
         return None
     node, m = first
-    return Divergence(runtime=runtime, node=node.name, op=op_name(node), source=user_frame(node),
-                      metrics=m, curve=tuple(curve))
+    return Divergence(
+        runtime=runtime,
+        node=node.name,
+        op=op_name(node),
+        source=user_frame(node),
+        metrics=m,
+        curve=tuple(curve),
+    )

@@ -48,8 +48,9 @@ def compute_metrics(actual: torch.Tensor, reference: torch.Tensor, *, rtol: floa
         return Metrics(0.0, 0.0, 1.0, math.inf, 0.0, True, True, True)
     a_nan, r_nan = torch.isnan(a), torch.isnan(r)
     a_inf, r_inf = torch.isinf(a), torch.isinf(r)
-    nonfinite_ok = bool(torch.equal(a_nan, r_nan) and torch.equal(a_inf, r_inf)
-                        and torch.equal(a[a_inf], r[r_inf]))
+    nonfinite_ok = bool(
+        torch.equal(a_nan, r_nan) and torch.equal(a_inf, r_inf) and torch.equal(a[a_inf], r[r_inf])
+    )
     finite = torch.isfinite(a) & torch.isfinite(r)
     af, rf = a[finite], r[finite]
     diff = (af - rf).abs()
@@ -68,8 +69,8 @@ def compute_metrics(actual: torch.Tensor, reference: torch.Tensor, *, rtol: floa
         cosine = 0.0
     else:
         cosine = float(torch.dot(af, rf) / (na * nr))
-    noise = float((diff ** 2).sum())
-    signal = float((rf ** 2).sum())
+    noise = float((diff**2).sum())
+    signal = float((rf**2).sum())
     if noise == 0:
         snr = math.inf
     elif signal == 0:

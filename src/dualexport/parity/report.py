@@ -74,21 +74,32 @@ class ParityReport:
             "errors": dict(self.errors),
             "outputs": [
                 {
-                    "index": o.index, "label": o.label, "shape": list(o.shape), "dtype": o.dtype,
+                    "index": o.index,
+                    "label": o.label,
+                    "shape": list(o.shape),
+                    "dtype": o.dtype,
                     "ok": o.ok,
                     "metrics": {rt: m.to_dict() for rt, m in o.metrics.items()},
-                    "tolerance": {rt: {"rtol": t.rtol, "atol": t.atol, "source": t.source}
-                                  for rt, t in o.tolerance.items()},
+                    "tolerance": {
+                        rt: {"rtol": t.rtol, "atol": t.atol, "source": t.source}
+                        for rt, t in o.tolerance.items()
+                    },
                     "cross": o.cross.to_dict() if o.cross else None,
-                    "histograms": {rt: {"edges": list(e), "counts": list(c)}
-                                   for rt, (e, c) in o.histograms.items()},
+                    "histograms": {
+                        rt: {"edges": list(e), "counts": list(c)} for rt, (e, c) in o.histograms.items()
+                    },
                 }
                 for o in self.outputs
             ],
             "first_divergence": dict(self.first_divergence),
             "divergences": {
-                rt: None if d is None else {
-                    "node": d.node, "op": d.op, "source": d.source, "metrics": d.metrics.to_dict(),
+                rt: None
+                if d is None
+                else {
+                    "node": d.node,
+                    "op": d.op,
+                    "source": d.source,
+                    "metrics": d.metrics.to_dict(),
                     "curve": [[n, _num(v)] for n, v in d.curve],
                 }
                 for rt, d in self.divergences.items()
@@ -101,7 +112,9 @@ class ParityReport:
     # ------------------------------------------------------------ Markdown
     def to_markdown(self) -> str:
         lines = [f"## Parity: {'PASS' if self.ok else 'FAIL'}", ""]
-        lines.append("| output | runtime | max_abs | max_rel | cosine | snr_db | mismatch % | rtol/atol | ok |")
+        lines.append(
+            "| output | runtime | max_abs | max_rel | cosine | snr_db | mismatch % | rtol/atol | ok |"
+        )
         lines.append("|---|---|---:|---:|---:|---:|---:|---|---|")
         for o in self.outputs:
             for rt, m in o.metrics.items():
@@ -109,21 +122,24 @@ class ParityReport:
                 lines.append(
                     f"| {o.label} {list(o.shape)} | {rt} | {_fmt(m.max_abs)} | {_fmt(m.max_rel)} | "
                     f"{_fmt(m.cosine, 6)} | {_fmt(m.snr_db, 1)} | {m.mismatch_pct:.2f} | "
-                    f"{t.rtol:g}/{t.atol:g} | {'yes' if m.ok else '**no**'} |")
+                    f"{t.rtol:g}/{t.atol:g} | {'yes' if m.ok else '**no**'} |"
+                )
         for rt, err in self.errors.items():
             lines.append(f"\n**{rt} failed to run**: {err}")
         for rt, d in self.divergences.items():
             if d is not None:
-                lines.append(f"\n**{rt}: first divergence** at node `{d.node}` ({d.op})"
-                             + (f", model line: `{d.source}`" if d.source else "")
-                             + f": max_abs {_fmt(d.metrics.max_abs)}, cosine {_fmt(d.metrics.cosine, 6)}")
+                lines.append(
+                    f"\n**{rt}: first divergence** at node `{d.node}` ({d.op})"
+                    + (f", model line: `{d.source}`" if d.source else "")
+                    + f": max_abs {_fmt(d.metrics.max_abs)}, cosine {_fmt(d.metrics.cosine, 6)}"
+                )
         if self.versions:
             lines.append("\n" + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         return "\n".join(lines) + "\n"
 
     def save_html(self, path: str | pathlib.Path) -> pathlib.Path:
-        from .html import render_html
         from ..outputs.atomic import atomic_write_text
+        from .html import render_html
 
         path = pathlib.Path(path)
         atomic_write_text(path, render_html(self))

@@ -45,8 +45,9 @@ DEFAULT_TOLERANCES: Mapping[tuple[str, str], Tolerance] = {
 }
 
 
-def tolerance_for(target: str, dtype: torch.dtype, *, rtol: float | None = None,
-                  atol: float | None = None) -> Tolerance:
+def tolerance_for(
+    target: str, dtype: torch.dtype, *, rtol: float | None = None, atol: float | None = None
+) -> Tolerance:
     """The tolerance for ``target`` and ``dtype``; a given ``rtol``/``atol`` overrides it."""
     name = str(dtype).replace("torch.", "")
     if not dtype.is_floating_point:
@@ -55,8 +56,9 @@ def tolerance_for(target: str, dtype: torch.dtype, *, rtol: float | None = None,
         base = DEFAULT_TOLERANCES.get((target, name), _FLOAT32.get(target, _FLOAT32["cross"]))
     if rtol is None and atol is None:
         return base
-    return Tolerance(base.rtol if rtol is None else rtol, base.atol if atol is None else atol,
-                     "user override")
+    return Tolerance(
+        base.rtol if rtol is None else rtol, base.atol if atol is None else atol, "user override"
+    )
 
 
 def quantized_tolerance(output_scale: float, steps: float = 1.0) -> Tolerance:
@@ -65,5 +67,6 @@ def quantized_tolerance(output_scale: float, steps: float = 1.0) -> Tolerance:
     An element off by one integer level differs by exactly ``scale``, which float32 arithmetic
     can round a hair above; the 1e-3 relative margin admits that and nothing near two steps.
     """
-    return Tolerance(0.0, steps * output_scale * 1.001,
-                     f"{steps:g} quantization step(s) (scale {output_scale:g})")
+    return Tolerance(
+        0.0, steps * output_scale * 1.001, f"{steps:g} quantization step(s) (scale {output_scale:g})"
+    )

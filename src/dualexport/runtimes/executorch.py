@@ -6,7 +6,8 @@ import pathlib
 
 import torch
 
-from ..errors import RuntimeExecutionError, RuntimeLoadError
+from ..errors import InputError, RuntimeExecutionError, RuntimeLoadError
+from ..shared_state.contract import RANGES_METHOD, decode_input_ranges
 
 __all__ = ["ExecuTorchRunner"]
 
@@ -20,9 +21,7 @@ class ExecuTorchRunner:
         try:
             self.program = Runtime.get().load_program(str(path))
             self.method = self.program.load_method(method)
-            self.ranges = None
-            from ..exporters.xnnpack import RANGES_METHOD, decode_input_ranges
-
+            self.ranges: list[list[tuple[int, int | None]]] | None = None
             if RANGES_METHOD in set(self.program.method_names):
                 encoded = self.program.load_method(RANGES_METHOD).execute([])
                 self.ranges = decode_input_ranges([int(v) for v in encoded])
@@ -34,20 +33,32 @@ class ExecuTorchRunner:
                 "truncated; re-export, or check the delegation report for non-delegated ops",
             ) from exc
 
+    def planned_sizes(self) -> list[list[int]] | None:
+        """Per input, the sizes its memory plan holds (the largest the file accepts), or None
+        where the runtime does not say."""
+        out = []
+        meta = self.method.metadata
+        try:
+            for i in range(meta.num_inputs()):
+                out.append([int(s) for s in meta.input_tensor_meta(i).sizes()])
+        except Exception:  # a non-tensor input, or metadata API differences
+            return None
+        return out
+
     def _check_upper_bounds(self, inputs: list[torch.Tensor]) -> None:
         """ExecuTorch memory-plans each input at its exported maximum and refuses anything larger
         with a bare error code, and runs inputs below the minimum; check both against the ranges
         the exporter stored in the program, naming the dim."""
-        from ..errors import InputError
-
         if self.ranges is not None:
-            for i, (dims, t) in enumerate(zip(self.ranges, inputs)):
-                for d, ((lo, hi), actual) in enumerate(zip(dims, t.shape)):
+            for i, (dims, t) in enumerate(zip(self.ranges, inputs, strict=False)):
+                for d, ((lo, hi), actual) in enumerate(zip(dims, t.shape, strict=False)):
                     if actual < lo or (hi is not None and actual > hi):
                         raise InputError(
                             f"input {i} dim {d} is {actual}, outside the exported range "
-                            f"[{lo}, {hi if hi is not None else 'inf'}]", target="xnnpack",
-                            hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range")
+                            f"[{lo}, {hi if hi is not None else 'inf'}]",
+                            target="xnnpack",
+                            hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range",
+                        )
 
         meta = self.method.metadata
         for i, t in enumerate(inputs):
@@ -55,12 +66,13 @@ class ExecuTorchRunner:
                 sizes = list(meta.input_tensor_meta(i).sizes())
             except Exception:  # metadata API differences: leave the check to the runtime
                 return
-            for d, (cap, actual) in enumerate(zip(sizes, t.shape)):
+            for d, (cap, actual) in enumerate(zip(sizes, t.shape, strict=False)):
                 if actual > cap:
                     raise InputError(
                         f"input {i} dim {d} is {actual}, above the exported maximum {cap}",
                         target="xnnpack",
-                        hint="re-export with a larger Dim(max=...) or pass a smaller input")
+                        hint="re-export with a larger Dim(max=...) or pass a smaller input",
+                    )
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         self._check_upper_bounds(inputs)
@@ -68,7 +80,8 @@ class ExecuTorchRunner:
             outs = self.method.execute([t.detach().contiguous() for t in inputs])
         except Exception as exc:
             raise RuntimeExecutionError(
-                f"ExecuTorch failed to run: {exc}", target="xnnpack",
+                f"ExecuTorch failed to run: {exc}",
+                target="xnnpack",
                 hint="check input shapes and dtypes against the exported program",
             ) from exc
         return [o.clone() if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outs]

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..errors import RuntimeExecutionError, RuntimeLoadError
+from ..shared_state.contract import RANGES_METADATA, check_against_specs
 
 __all__ = ["OrtRunner"]
 
@@ -18,8 +19,9 @@ class OrtRunner:
 
     name = "onnx"
 
-    def __init__(self, path: pathlib.Path, *, intra_op_threads: int | None = None,
-                 lean: bool = False) -> None:
+    def __init__(
+        self, path: pathlib.Path, *, intra_op_threads: int | None = None, lean: bool = False
+    ) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -50,7 +52,7 @@ class OrtRunner:
         self.all_inputs = [i.name for i in self.session.get_inputs()]
         self.input_names = [n for n in self.all_inputs if n not in state_inputs]
         self.output_names = [o.name for o in self.session.get_outputs()]
-        ranges = meta.get("dualexport.input_ranges")
+        ranges = meta.get(RANGES_METADATA)
         self.input_specs = json.loads(ranges) if ranges else None
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -60,20 +62,22 @@ class OrtRunner:
                 target="onnx",
             )
         if self.input_specs is not None:
-            from ..parity.inputs import check_against_specs
-
             check_against_specs(self.input_specs, inputs, "onnx")
-        feed = {n: np.ascontiguousarray(t.detach().cpu().numpy()) for n, t in zip(self.input_names, inputs)}
+        feed = {
+            n: np.ascontiguousarray(t.detach().cpu().numpy())
+            for n, t in zip(self.input_names, inputs, strict=True)
+        }
         feed.update(self.state)  # absent on the first call: the initializer default is used
         try:
             outs = self.session.run(None, feed)
         except Exception as exc:
             raise RuntimeExecutionError(
-                f"ONNX Runtime failed to run: {exc}", target="onnx",
+                f"ONNX Runtime failed to run: {exc}",
+                target="onnx",
                 hint="check input shapes against the exported dynamic_shapes ranges",
             ) from exc
         user = []
-        for name, o in zip(self.output_names, outs):
+        for name, o in zip(self.output_names, outs, strict=True):
             if name in self.state_outputs:
                 self.state[self.state_outputs[name]] = np.asarray(o)
             else:

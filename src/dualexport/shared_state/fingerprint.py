@@ -8,7 +8,9 @@ in-place write through ``.data`` or numpy does not bump a tensor's version count
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +19,18 @@ from torch.export import ExportedProgram
 
 from .tensor_bytes import tensor_sha256
 
-__all__ = ["ProgramFingerprint", "ShapeEnvSnapshot", "fingerprint", "find_shape_env",
-           "snapshot_shape_env", "restore_shape_env"]
+__all__ = [
+    "ProgramFingerprint",
+    "ShapeEnvSnapshot",
+    "fingerprint",
+    "find_shape_env",
+    "snapshot_shape_env",
+    "restore_shape_env",
+    "narrowed_ranges",
+    "ranges_kept",
+    "graph_text",
+    "graph_digest",
+]
 
 
 @dataclass(frozen=True)
@@ -70,12 +82,49 @@ def snapshot_shape_env(program: ExportedProgram) -> ShapeEnvSnapshot:
     env = find_shape_env(program)
     var_to_range = dict(env.var_to_range) if env is not None else {}
     replacements = dict(env.replacements) if env is not None else {}
-    text = "|".join([
-        _render_ranges(program.range_constraints),
-        _render_ranges(var_to_range),
-        _render_ranges(replacements),
-    ])
+    text = "|".join(
+        [
+            _render_ranges(program.range_constraints),
+            _render_ranges(var_to_range),
+            _render_ranges(replacements),
+        ]
+    )
     return ShapeEnvSnapshot(var_to_range, replacements, hashlib.sha256(text.encode()).hexdigest())
+
+
+def narrowed_ranges(program: ExportedProgram, snap: ShapeEnvSnapshot) -> tuple[str, ...]:
+    """What happened since ``snap`` to the symbols it pinned: a changed range or a new
+    replacement (a guard such as ``s0 < 16`` a kernel added), as sentences. Symbols created
+    since (a lowering's own unbacked sizes) are not the program's and are not counted."""
+    env = find_shape_env(program)
+    if env is None:
+        return ()
+    out = []
+    for sym, old in snap.var_to_range.items():
+        new = env.var_to_range.get(sym)
+        if new != old:
+            out.append(
+                f"{sym}: [{old.lower}, {old.upper}] -> "
+                + (f"[{new.lower}, {new.upper}]" if new is not None else "dropped")
+            )
+    for sym, expr in env.replacements.items():
+        if sym in snap.var_to_range and snap.replacements.get(sym) != expr:
+            out.append(f"{sym} replaced by {expr}")
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def ranges_kept(program: ExportedProgram) -> Iterator[list[str]]:
+    """Put the program's shape environment back after work that is not an artifact (a debug
+    lowering for localization); the list receives what had been narrowed."""
+    snap = snapshot_shape_env(program)
+    narrowed: list[str] = []
+    try:
+        yield narrowed
+    finally:
+        narrowed.extend(narrowed_ranges(program, snap))
+        if snapshot_shape_env(program).digest != snap.digest:
+            restore_shape_env(program, snap)
 
 
 def restore_shape_env(program: ExportedProgram, snap: ShapeEnvSnapshot) -> None:
@@ -89,10 +138,36 @@ def restore_shape_env(program: ExportedProgram, snap: ShapeEnvSnapshot) -> None:
     env.replacements.update(snap.replacements)
 
 
+def _value_text(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}{tuple(value.stride())}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_value_text(v) for v in value) + ")"
+    return type(value).__name__ if value is not None else ""
+
+
+def graph_text(module: torch.fx.GraphModule) -> str:
+    """The graph as text: each node's op, target, arguments and value (dtype, symbolic shape,
+    strides), sub-graphs included.
+
+    Why not ``print_readable``: it embeds each node's stack trace (file paths and source lines),
+    so moving the checkout or editing a comment above ``forward`` would change a program that
+    computes exactly the same thing.
+    """
+    lines = []
+    for node in module.graph.nodes:
+        lines.append(f"{node.format_node()} :: {_value_text(node.meta.get('val'))}")
+        if node.op == "get_attr":
+            sub = getattr(module, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                lines.append(f"[{node.target}]\n{graph_text(sub)}")
+    return "\n".join(lines)
+
+
 def graph_digest(program: ExportedProgram) -> str:
-    """Digest of the graph code plus its signature: what the program computes, not its weights."""
-    text = program.graph_module.print_readable(print_output=False, include_stride=True)
-    text += "\n" + str(program.graph_signature)
+    """Digest of the graph plus its signature: what the program computes, not its weights, and
+    not where its source lives."""
+    text = graph_text(program.graph_module) + "\n" + str(program.graph_signature)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -48,10 +48,10 @@ def link_state_dict(decomposed: ExportedProgram, holder: ExportedProgram) -> Lin
     const_changes = _diff(holder.constants, decomposed.constants)
     linked = not sd_changes
     if linked and decomposed.state_dict is not holder.state_dict:
-        decomposed._state_dict = holder.state_dict  # noqa: SLF001 - the one documented seam
+        decomposed._state_dict = holder.state_dict
     constants_linked = not const_changes
     if constants_linked and decomposed.constants is not holder.constants:
-        decomposed._constants = holder.constants  # noqa: SLF001
+        decomposed._constants = holder.constants
     return LinkReport(
         linked=linked,
         constants_linked=constants_linked,

@@ -27,7 +27,7 @@ def user_frame(node: torch.fx.Node) -> str | None:
     frames = [i for i, ln in enumerate(lines) if ln.startswith("File ")]
     # Prefer the innermost frame outside torch itself: the user's line, not nn.Module internals.
     user = [i for i in frames if "/torch/" not in lines[i] and "site-packages" not in lines[i]]
-    for i in (user[-1:] or frames[-1:]):
+    for i in user[-1:] or frames[-1:]:
         if lines[i].startswith("File "):
             code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
             loc = lines[i].replace("File ", "", 1)
@@ -53,5 +53,8 @@ def weight_placeholders(program) -> dict[str, torch.fx.Node]:
 
 def unused_weight_notes(program) -> dict[str, str]:
     """Weights the (decomposed) program takes but never reads: a target may drop them."""
-    return {name: "unused by the program (no node reads it), so the target does not store it"
-            for name, node in weight_placeholders(program).items() if not node.users}
+    return {
+        name: "unused by the program (no node reads it), so the target does not store it"
+        for name, node in weight_placeholders(program).items()
+        if not node.users
+    }

@@ -6,17 +6,28 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
-from ..errors import CaptureError, DecompositionError, InputError, ProgramMutatedError, TransformError
+from ..errors import (
+    CaptureError,
+    DecompositionError,
+    InputError,
+    ProgramMutatedError,
+    RangeNarrowedError,
+    TransformError,
+)
+from .contract import InputSpec, input_specs
 from .fingerprint import (
     ProgramFingerprint,
+    ShapeEnvSnapshot,
     fingerprint,
     graph_digest,
+    narrowed_ranges,
     restore_shape_env,
     snapshot_shape_env,
     weight_digests,
@@ -24,14 +35,60 @@ from .fingerprint import (
 from .links import LinkReport, link_state_dict
 from .transforms import TransformRecord, run_transform, transform_kind, transform_name
 
-__all__ = ["SharedProgram"]
+__all__ = ["SharedProgram", "Pin", "reference_module", "narrowed_error"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The shared program as one target's job found it: the input contract every file of the
+    target must accept (``specs``), and the shape environment to hold it to."""
+
+    target: str
+    specs: tuple[InputSpec, ...]
+    shapes: ShapeEnvSnapshot
+
+
+def narrowed_error(target: str, narrowed: Sequence[str]) -> RangeNarrowedError:
+    return RangeNarrowedError(
+        f"lowering narrowed the declared dynamic range(s): {'; '.join(narrowed)}; a file made under "
+        "them would refuse or miscompute sizes the export promised",
+        target=target,
+        hint="declare a range the target can honour (a smaller Dim max), export the other target "
+        "alone, or report the model: the ranges were restored and nothing of this target was written",
+    )
+
+
+def reference_module(program: ExportedProgram) -> torch.nn.Module:
+    """``program.module()`` with its own copy of every buffer: the graph may update buffers in
+    place (add_/copy_), and the holder's tensors must not change when the reference runs."""
+    module = program.module()
+    for fqn, buf in list(module.named_buffers()):
+        owner_name, _, leaf = fqn.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        persistent = leaf not in getattr(owner, "_non_persistent_buffers_set", set())
+        owner.register_buffer(leaf, buf.clone(), persistent=persistent)
+    return module
 
 
 def _first_line_of_user_code(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def _suggested_fixes(exc: BaseException) -> str | None:
+    """torch.export's own "Suggested fixes:" block (e.g. the Dim ranges it inferred), verbatim."""
+    lines = str(exc).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().lower().startswith("suggested fixes"):
+            block = [line.strip()]
+            for nxt in lines[i + 1 :]:
+                if not nxt.strip():
+                    break
+                block.append(nxt.rstrip())
+            return "\n".join(block)
+    return None
 
 
 class SharedProgram:
@@ -84,28 +141,44 @@ class SharedProgram:
         notes: list[str] = []
         modes = {name: m.training for name, m in model.named_modules()}
         if any(modes.values()):
-            notes.append("model was in training mode: exported in eval mode (dropout off, "
-                         "BatchNorm uses running stats); its mode was restored afterwards")
+            notes.append(
+                "model was in training mode: exported in eval mode (dropout off, "
+                "BatchNorm uses running stats); its mode was restored afterwards"
+            )
             logger.warning("%s", notes[-1])
         model.eval()
         start = time.perf_counter()
         try:
             ep = torch.export.export(
-                model, tuple(args), dict(kwargs) if kwargs else None,
-                dynamic_shapes=dynamic_shapes, strict=strict,
+                model,
+                tuple(args),
+                dict(kwargs) if kwargs else None,
+                dynamic_shapes=dynamic_shapes,
+                strict=strict,
             )
         except Exception as exc:
+            fixes = _suggested_fixes(exc)
             raise CaptureError(
-                f"torch.export could not trace {type(model).__name__}: {_first_line_of_user_code(exc)}",
-                hint="make forward traceable (no data-dependent Python control flow, no .item() "
-                "on traced values) or mark dynamic dims with torch.export.Dim; "
-                "see the chained exception for the traceback",
+                f"torch.export could not trace {type(model).__name__}: {_first_line_of_user_code(exc)}"
+                + (f"\n{fixes}" if fixes else ""),
+                hint=(
+                    "apply torch.export's suggested fixes above to dynamic_shapes"
+                    if fixes
+                    else "make forward traceable (no data-dependent Python control flow, no .item() "
+                    "on traced values) or mark dynamic dims with torch.export.Dim"
+                )
+                + "; see the chained exception (-v) for the traceback",
             ) from exc
         finally:
             for name, m in model.named_modules():
                 m.train(modes.get(name, False))
-        shared = cls(ep, example_args=tuple(args), example_kwargs=kwargs,
-                     capture_seconds=time.perf_counter() - start, notes=notes)
+        shared = cls(
+            ep,
+            example_args=tuple(args),
+            example_kwargs=kwargs,
+            capture_seconds=time.perf_counter() - start,
+            notes=notes,
+        )
         shared.dynamic_shapes = dynamic_shapes
         return shared
 
@@ -158,6 +231,7 @@ class SharedProgram:
         for fn in transforms:
             name, kind = transform_name(fn), transform_kind(fn)
             before = graph_digest(self._ep)
+            shapes = snapshot_shape_env(self._ep)
             start = time.perf_counter()
             try:
                 new_ep = run_transform(self._ep, fn)
@@ -168,19 +242,33 @@ class SharedProgram:
                     f"transform {name} raised {type(exc).__name__}: {exc}",
                     hint="run the transform on a copy of res.program.exported_program to debug it",
                 ) from exc
+            narrowed = narrowed_ranges(new_ep, shapes)
+            if narrowed:
+                restore_shape_env(new_ep, shapes)
+                raise TransformError(
+                    f"transform {name} narrowed the declared dynamic range(s): {'; '.join(narrowed)}",
+                    hint="a transform must hold for every size dynamic_shapes declares; make it "
+                    "size-generic (torch._check / guard_or_false instead of guarding on the example's "
+                    "sizes) or declare the narrower range in dynamic_shapes",
+                )
             if new_ep is not self._ep:
                 # A program transform made a new program: keep the one dict when weights are the
                 # same objects, exactly as for decompositions.
                 report = link_state_dict(new_ep, self._ep)
                 if not report.linked:
-                    self.note(f"transform {name} changed weights: "
-                              + ", ".join(f"{k} ({why})" for k, why in report.changes))
+                    self.note(
+                        f"transform {name} changed weights: "
+                        + ", ".join(f"{k} ({why})" for k, why in report.changes)
+                    )
                 self._ep = new_ep
-            rec = TransformRecord(name, kind, graph_digest(self._ep) != before,
-                                  time.perf_counter() - start)
+            rec = TransformRecord(name, kind, graph_digest(self._ep) != before, time.perf_counter() - start)
             records.append(rec)
-            logger.info("transform %s (%s): %s", name, kind, "changed the graph" if rec.changed
-                        else "left the graph unchanged")
+            logger.info(
+                "transform %s (%s): %s",
+                name,
+                kind,
+                "changed the graph" if rec.changed else "left the graph unchanged",
+            )
         self._transforms.extend(records)
         self._weights = None
         return tuple(records)
@@ -213,7 +301,7 @@ class SharedProgram:
 
     def _resolve(self, target: str) -> ExportedProgram:
         fn = self._deferred.pop(target)
-        with self.guard(target):
+        with self.pinned(target):
             return self.decompose(target, fn)
 
     # -------------------------------------------------------------- fingerprint
@@ -227,44 +315,62 @@ class SharedProgram:
         return fingerprint(self._ep, None if rehash else self.weight_digests())
 
     @contextlib.contextmanager
-    def guard(self, target: str) -> Iterator[None]:
-        """Prove that work for ``target`` left the shared program unchanged (invariant 4).
+    def pinned(self, target: str) -> Iterator[Pin]:
+        """Pin the shared program for one target's whole job (invariant 4).
 
-        A change confined to the shape environment is repaired from a snapshot; a change to the
-        graph or to weights cannot be undone without a copy we refuse to keep, so it is an error.
+        The pin holds the fingerprint and the shape environment as they are on entry, and the
+        input contract they give (``Pin.specs``: what every file must accept). On exit a change
+        of the graph or of a weight is refused (``ProgramMutatedError``: it cannot be undone
+        without a copy we refuse to keep); a narrowed range is put back for the next target and
+        the target refused (``RangeNarrowedError``): its file was made under ranges the user did
+        not declare. When the job itself failed, its own error is kept and the environment is
+        still put back.
         """
         before = self.fingerprint(rehash=False)
-        shapes = snapshot_shape_env(self._ep)
+        snap = snapshot_shape_env(self._ep)
         range_constraints = dict(self._ep.range_constraints)
+        pin = Pin(target, tuple(input_specs(self._ep)), snap)
+        failed = False
+        try:
+            yield pin
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            narrowed = narrowed_ranges(self._ep, snap)
+            if snapshot_shape_env(self._ep).digest != snap.digest:
+                restore_shape_env(self._ep, snap)
+                self._ep._range_constraints = range_constraints
+            if not failed:
+                changed = [
+                    c for c in before.diff(self.fingerprint(rehash=True)) if c != "symbolic shape ranges"
+                ]
+                if changed:
+                    raise ProgramMutatedError(
+                        f"{target} changed the shared program: {', '.join(changed)}", target=target
+                    )
+                if narrowed:
+                    raise narrowed_error(target, narrowed)
+
+    @contextlib.contextmanager
+    def watch_ranges(self, target: str) -> Iterator[None]:
+        """Refuse (``RangeNarrowedError``) work that narrows a declared range, and put the range
+        back; usable wherever the work runs (in a forked worker the parent's pin sees nothing)."""
+        snap = snapshot_shape_env(self._ep)
         try:
             yield
         finally:
-            after = self.fingerprint(rehash=True)
-            changed = before.diff(after)
-            if changed == ("symbolic shape ranges",):
-                restore_shape_env(self._ep, shapes)
-                self._ep._range_constraints = range_constraints  # noqa: SLF001
-                repaired = self.fingerprint(rehash=False)
-                if repaired.diff(before):
-                    raise ProgramMutatedError(
-                        f"{target} changed the shared program's shape ranges and they could not "
-                        "be restored", target=target)
-                self.note(f"{target}: lowering changed the shape environment; restored")
-                logger.warning("%s changed the shape environment of the shared program; repaired", target)
-            elif changed:
-                raise ProgramMutatedError(
-                    f"{target} changed the shared program: {', '.join(changed)}",
-                    target=target,
-                )
+            narrowed = narrowed_ranges(self._ep, snap)
+            if narrowed:
+                restore_shape_env(self._ep, snap)
+        if narrowed:
+            raise narrowed_error(target, narrowed)
 
     # ------------------------------------------------------------------ running
     def run_eager(self, *args: Any, **kwargs: Any) -> Any:
         """Run the shared program eagerly (the reference every runtime is compared with)."""
-        from ..runtimes.eager import EagerRunner
-
-        runner = EagerRunner(self._ep, args, kwargs)
         with torch.no_grad():
-            return runner.module(*args, **kwargs)
+            return reference_module(self._ep)(*args, **kwargs)
 
     def save(self, path: str) -> None:
         """torch.export.save: loadable later without pickle by torch.export.load."""
@@ -280,15 +386,15 @@ class _Decompositions(Mapping[str, ExportedProgram]):
 
     def __getitem__(self, target: str) -> ExportedProgram:
         owner = self._owner
-        if target in owner._deferred:  # noqa: SLF001 - the owner's own view
-            return owner._resolve(target)  # noqa: SLF001
-        return owner._decomposed[target]  # noqa: SLF001
+        if target in owner._deferred:
+            return owner._resolve(target)
+        return owner._decomposed[target]
 
     def __iter__(self) -> Iterator[str]:
-        return iter([*self._owner._decomposed, *self._owner._deferred])  # noqa: SLF001
+        return iter([*self._owner._decomposed, *self._owner._deferred])
 
     def __len__(self) -> int:
-        return len(self._owner._decomposed) + len(self._owner._deferred)  # noqa: SLF001
+        return len(self._owner._decomposed) + len(self._owner._deferred)
 
     def __contains__(self, target: object) -> bool:
-        return target in self._owner._decomposed or target in self._owner._deferred  # noqa: SLF001
+        return target in self._owner._decomposed or target in self._owner._deferred

@@ -26,15 +26,22 @@ __all__ = ["quantize_shared", "output_quant_steps"]
 def _calibration_sets(calibration: Iterable[Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     sets = []
     for i, item in enumerate(calibration):
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], tuple) and isinstance(item[1], Mapping):
+        if (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], tuple)
+            and isinstance(item[1], Mapping)
+        ):
             sets.append((item[0], dict(item[1])))
         elif isinstance(item, tuple):
             sets.append((item, {}))
         elif isinstance(item, torch.Tensor):
             sets.append(((item,), {}))
         else:
-            raise InputError(f"calibration[{i}] must be a tuple of arguments, got {type(item).__name__}",
-                             hint="pass calibration=[(x1,), (x2,), ...]")
+            raise InputError(
+                f"calibration[{i}] must be a tuple of arguments, got {type(item).__name__}",
+                hint="pass calibration=[(x1,), (x2,), ...]",
+            )
     if not sets:
         raise InputError("calibration is empty", hint="pass at least one representative input tuple")
     return sets
@@ -45,8 +52,10 @@ def quantize_shared(shared: Any, scheme: str, calibration: Iterable[Any] | None)
     if scheme != "int8":
         raise InputError(f"quantize={scheme!r} is not supported", hint="use quantize='int8'")
     if calibration is None:
-        raise InputError("quantize='int8' needs calibration data",
-                         hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
+        raise InputError(
+            "quantize='int8' needs calibration data",
+            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs",
+        )
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
@@ -66,15 +75,26 @@ def quantize_shared(shared: Any, scheme: str, calibration: Iterable[Any] | None)
                 prepared(*args, **kwargs)
         converted = convert_pt2e(prepared)
         try:
-            return torch.export.export(converted, shared.example_args, shared.example_kwargs or None,
-                                       dynamic_shapes=shared.dynamic_shapes, strict=False)
+            return torch.export.export(
+                converted,
+                shared.example_args,
+                shared.example_kwargs or None,
+                dynamic_shapes=shared.dynamic_shapes,
+                strict=False,
+            )
         except Exception as exc:
-            raise TransformError(f"the quantized graph could not be re-exported: {exc}",
-                                 hint="quantize a model without data-dependent control flow") from exc
+            raise TransformError(
+                f"the quantized graph could not be re-exported: {exc}",
+                hint="quantize a model without data-dependent control flow",
+            ) from exc
 
     shared.apply_transforms([ProgramTransform(pt2e_int8, name="pt2e-int8 (XNNPACKQuantizer, per-channel)")])
-    shared.quantization = {"scheme": "int8", "quantizer": "XNNPACKQuantizer symmetric per-channel",
-                           "calibration_sets": len(sets), "seconds": round(time.perf_counter() - start, 3)}
+    shared.quantization = {
+        "scheme": "int8",
+        "quantizer": "XNNPACKQuantizer symmetric per-channel",
+        "calibration_sets": len(sets),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
     shared.note(f"quantized to int8 with PT2E on {len(sets)} calibration input(s)")
 
 

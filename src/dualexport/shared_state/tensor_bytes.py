@@ -27,7 +27,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if flat.dtype == torch.bool:
         flat = flat.view(torch.uint8)
     u8 = flat.view(torch.uint8)
-    return memoryview(u8.numpy()).cast("B")
+    return u8.numpy().data.cast("B")
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -40,7 +40,7 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[
     t = tensor.detach()
     return (
         t.untyped_storage().data_ptr() if t.numel() else id(t),
-        t.storage_offset(),
+        int(t.storage_offset()),
         tuple(t.shape),
         tuple(t.stride()),
         str(t.dtype),

@@ -55,7 +55,7 @@ def _annotation_is_program(annotation: Any) -> bool:
 
 
 def transform_kind(fn: Any) -> str:
-    """"program" for ExportedProgram -> ExportedProgram callables, "graph" for FX passes.
+    """ "program" for ExportedProgram -> ExportedProgram callables, "graph" for FX passes.
 
     Decided by an explicit :class:`ProgramTransform` wrapper, an FX ``PassBase``, or the
     annotation of the first parameter; an unannotated callable is taken as an FX pass.
@@ -91,7 +91,7 @@ def apply_graph_pass(program: ExportedProgram, fn: Any) -> None:
     elif result is not None and hasattr(result, "graph_module"):
         new_gm = result.graph_module
     if new_gm is not None and new_gm is not gm:
-        program._graph_module = new_gm  # noqa: SLF001 - as torch.onnx does after its own passes
+        program._graph_module = new_gm
         gm = new_gm
     gm.graph.lint()
     gm.recompile()

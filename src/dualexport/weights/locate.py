@@ -47,10 +47,17 @@ def build_entries(program: ExportedProgram, digests: Mapping[str, str] | None = 
     for names in groups.values():
         t = tensors[names[0]]
         sha = (digests or {}).get(names[0]) or tensor_sha256(t)
-        entries.append(WeightEntry(
-            name=names[0], kind=_kind(program, names[0]), dtype=str(t.dtype).replace("torch.", ""),
-            shape=tuple(t.shape), nbytes=t.numel() * t.element_size(), sha256=sha,
-            aliases=tuple(names[1:])))
+        entries.append(
+            WeightEntry(
+                name=names[0],
+                kind=_kind(program, names[0]),
+                dtype=str(t.dtype).replace("torch.", ""),
+                shape=tuple(t.shape),
+                nbytes=t.numel() * t.element_size(),
+                sha256=sha,
+                aliases=tuple(names[1:]),
+            )
+        )
     return entries
 
 
@@ -61,24 +68,33 @@ def _not_found(entry: WeightEntry, notes: Mapping[str, str], target: str) -> Wei
     return WeightLocation(
         status="missing",
         reason=f"used by the {target} program but not found bit for bit in the artifact, and no "
-        "known transform (layout, fusion, quantization) explains it")
+        "known transform (layout, fusion, quantization) explains it",
+    )
 
 
 def locate_onnx(entry: WeightEntry, store: OnnxTensors, notes: Mapping[str, str]) -> WeightLocation:
     for n in entry.names:
         if n in store.sha256:
             if store.sha256[n] == entry.sha256:
-                return WeightLocation(status="exact", where=f"initializer:{n}@{store.where[n]}",
-                                      checked="sha256 of the initializer bytes")
+                return WeightLocation(
+                    status="exact",
+                    where=f"initializer:{n}@{store.where[n]}",
+                    checked="sha256 of the initializer bytes",
+                )
             return WeightLocation(
-                status="mismatch", where=f"initializer:{n}@{store.where[n]}",
+                status="mismatch",
+                where=f"initializer:{n}@{store.where[n]}",
                 stored_sha256=store.sha256[n],
                 reason="an initializer carries this weight's name but not its bytes (a folded or "
-                "rewritten value under the original name)")
+                "rewritten value under the original name)",
+            )
     for init_name, sha in store.sha256.items():
         if sha == entry.sha256 and store.nbytes.get(init_name) == entry.nbytes:
-            return WeightLocation(status="exact", where=f"initializer:{init_name}@{store.where[init_name]}",
-                                  checked="sha256 of the initializer bytes (stored under another name)")
+            return WeightLocation(
+                status="exact",
+                where=f"initializer:{init_name}@{store.where[init_name]}",
+                checked="sha256 of the initializer bytes (stored under another name)",
+            )
     return _not_found(entry, notes, "onnx")
 
 
@@ -89,35 +105,48 @@ def permuted_sha256(tensor: torch.Tensor, perm: tuple[int, ...]) -> str:
 def _permutations(ndim: int) -> list[tuple[int, ...]]:
     if ndim < 2 or ndim > 5:
         return []
-    preferred = {4: [(0, 2, 3, 1), (1, 2, 3, 0)], 3: [(0, 2, 1)], 2: [(1, 0)]}.get(ndim, [])
+    known: dict[int, list[tuple[int, ...]]] = {4: [(0, 2, 3, 1), (1, 2, 3, 0)], 3: [(0, 2, 1)], 2: [(1, 0)]}
+    preferred = known.get(ndim, [])
     rest = [p for p in itertools.permutations(range(ndim)) if p != tuple(range(ndim)) and p not in preferred]
     return preferred + rest
 
 
-def locate_pte(entry: WeightEntry, tensor: torch.Tensor | None, store: PteTensors,
-               notes: Mapping[str, str]) -> WeightLocation:
+def locate_pte(
+    entry: WeightEntry, tensor: torch.Tensor | None, store: PteTensors, notes: Mapping[str, str]
+) -> WeightLocation:
     if entry.sha256 in store.named:
-        return WeightLocation(status="exact", where=f"named_data:{entry.sha256}",
-                              checked="sha256 of the XNNPACK named data (its key)")
+        return WeightLocation(
+            status="exact",
+            where=f"named_data:{entry.sha256}",
+            checked="sha256 of the XNNPACK named data (its key)",
+        )
     idx = store.find_constant(entry.sha256, entry.nbytes)
     if idx is not None:
-        return WeightLocation(status="exact", where=f"constant_buffer:{idx}",
-                              checked="sha256 of the constant buffer bytes")
+        return WeightLocation(
+            status="exact", where=f"constant_buffer:{idx}", checked="sha256 of the constant buffer bytes"
+        )
     blob = bytes(tensor_bytes(tensor)) if tensor is not None and entry.nbytes >= 8 else b""
     if blob and len(set(blob)) > 1 and store.raw:
         # Small per-channel tensors (quantization scales) live inside the delegate's own payload.
         # Constant byte patterns (all zeros) would match anywhere, so they are never searched.
         offset = store.raw.find(blob)
         if offset >= 0:
-            return WeightLocation(status="exact", where=f"delegate_payload:{offset}",
-                                  checked="bytes found verbatim in the XNNPACK delegate payload")
+            return WeightLocation(
+                status="exact",
+                where=f"delegate_payload:{offset}",
+                checked="bytes found verbatim in the XNNPACK delegate payload",
+            )
     if tensor is not None and store.named:
         for perm in _permutations(tensor.dim()):
             sha = permuted_sha256(tensor, perm)
             if sha in store.named:
                 layout = "NHWC (channels last)" if perm == (0, 2, 3, 1) else f"permute{perm}"
                 return WeightLocation(
-                    status="transformed", where=f"named_data:{sha}", stored_sha256=sha,
-                    permutation=perm, reason=f"XNNPACK stores it in {layout} layout",
-                    checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes")
+                    status="transformed",
+                    where=f"named_data:{sha}",
+                    stored_sha256=sha,
+                    permutation=perm,
+                    reason=f"XNNPACK stores it in {layout} layout",
+                    checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+                )
     return _not_found(entry, notes, "xnnpack")

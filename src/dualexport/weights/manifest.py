@@ -91,11 +91,21 @@ class WeightManifest:
             "artifacts": {k: dict(v) for k, v in self.artifacts.items()},
             "entries": [
                 {
-                    "name": e.name, "kind": e.kind, "dtype": e.dtype, "shape": list(e.shape),
-                    "nbytes": e.nbytes, "sha256": e.sha256, "aliases": list(e.aliases),
-                    "locations": {t: {k: (list(v) if isinstance(v, tuple) else v)
-                                      for k, v in asdict(loc).items() if v is not None}
-                                  for t, loc in e.locations.items()},
+                    "name": e.name,
+                    "kind": e.kind,
+                    "dtype": e.dtype,
+                    "shape": list(e.shape),
+                    "nbytes": e.nbytes,
+                    "sha256": e.sha256,
+                    "aliases": list(e.aliases),
+                    "locations": {
+                        t: {
+                            k: (list(v) if isinstance(v, tuple) else v)
+                            for k, v in asdict(loc).items()
+                            if v is not None
+                        }
+                        for t, loc in e.locations.items()
+                    },
                 }
                 for e in self.entries
             ],
@@ -114,12 +124,25 @@ class WeightManifest:
             for t, loc in e.get("locations", {}).items():
                 perm = loc.get("permutation")
                 locs[t] = WeightLocation(
-                    status=loc["status"], where=loc.get("where"), reason=loc.get("reason"),
-                    checked=loc.get("checked"), stored_sha256=loc.get("stored_sha256"),
-                    permutation=tuple(perm) if perm is not None else None)
-            entries.append(WeightEntry(
-                name=e["name"], kind=e["kind"], dtype=e["dtype"], shape=tuple(e["shape"]),
-                nbytes=int(e["nbytes"]), sha256=e["sha256"], aliases=tuple(e.get("aliases", ())),
-                locations=locs))
-        return cls(tuple(entries), data.get("artifacts", {}), data.get("versions", {}),
-                   data.get("program", {}))
+                    status=loc["status"],
+                    where=loc.get("where"),
+                    reason=loc.get("reason"),
+                    checked=loc.get("checked"),
+                    stored_sha256=loc.get("stored_sha256"),
+                    permutation=tuple(perm) if perm is not None else None,
+                )
+            entries.append(
+                WeightEntry(
+                    name=e["name"],
+                    kind=e["kind"],
+                    dtype=e["dtype"],
+                    shape=tuple(e["shape"]),
+                    nbytes=int(e["nbytes"]),
+                    sha256=e["sha256"],
+                    aliases=tuple(e.get("aliases", ())),
+                    locations=locs,
+                )
+            )
+        return cls(
+            tuple(entries), data.get("artifacts", {}), data.get("versions", {}), data.get("program", {})
+        )

@@ -10,6 +10,7 @@ non-delegated constants sit in the program's constant buffer.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import pathlib
 from dataclasses import dataclass, field
@@ -73,8 +74,10 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
         if not model.HasField("graph"):
             raise ValueError("no graph in the file")
     except Exception as exc:
-        raise ArtifactFormatError(f"{path.name} is not a readable ONNX model: {exc}",
-                                  hint="re-export; the file may be truncated or not an ONNX file") from exc
+        raise ArtifactFormatError(
+            f"{path.name} is not a readable ONNX model: {exc}",
+            hint="re-export; the file may be truncated or not an ONNX file",
+        ) from exc
     sha: dict[str, str] = {}
     nbytes: dict[str, int] = {}
     where: dict[str, str] = {}
@@ -83,20 +86,23 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
         for init in model.graph.initializer:
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in init.external_data}
-                loc = safe_child(path.parent, info.get("location", ""),
-                                 what=f"external data of initializer {init.name!r}")
+                loc = safe_child(
+                    path.parent, info.get("location", ""), what=f"external data of initializer {init.name!r}"
+                )
                 offset, length = _extent(info, init.name, path)
                 if loc not in handles:
                     if loc.exists() and not loc.is_file():
                         raise ArtifactFormatError(
                             f"external data {loc.name!r} of {path.name} is not a regular file",
-                            hint="keep the real .onnx.data file next to the .onnx file")
+                            hint="keep the real .onnx.data file next to the .onnx file",
+                        )
                     try:
-                        handles[loc] = open(loc, "rb")  # noqa: SIM115 - closed below
+                        handles[loc] = open(loc, "rb")
                     except OSError as exc:
                         raise ArtifactIOError(
                             f"external data file {loc.name!r} of {path.name} cannot be read: {exc.strerror}",
-                            hint="keep the .onnx.data file next to the .onnx file") from exc
+                            hint="keep the .onnx.data file next to the .onnx file",
+                        ) from exc
                 f = handles[loc]
                 f.seek(offset)  # type: ignore[attr-defined]
                 h = hashlib.sha256()
@@ -110,7 +116,8 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
                 if remaining > 0:
                     raise ArtifactFormatError(
                         f"external data for {init.name!r} is truncated in {loc.name}",
-                        hint="re-export; the data file is incomplete")
+                        hint="re-export; the data file is incomplete",
+                    )
                 sha[init.name] = h.hexdigest()
                 nbytes[init.name] = length if length >= 0 else 0
                 where[init.name] = f"{loc.name}@{offset}"
@@ -132,26 +139,29 @@ def _extent(info: dict[str, str], name: str, path: pathlib.Path) -> tuple[int, i
     except ValueError:
         offset = length = -2
     if offset < 0 or length < -1:
-        raise ArtifactFormatError(f"external data of {name!r} in {path.name} has a bad offset/length "
-                                  f"({info.get('offset')!r}, {info.get('length')!r})",
-                                  hint="re-export; the file was not written by an ONNX exporter")
+        raise ArtifactFormatError(
+            f"external data of {name!r} in {path.name} has a bad offset/length "
+            f"({info.get('offset')!r}, {info.get('length')!r})",
+            hint="re-export; the file was not written by an ONNX exporter",
+        )
     return offset, length
 
 
-def check_pte_header(path: pathlib.Path, data: bytes) -> None:
+def check_pte_header(path: pathlib.Path, data: bytes | mmap.mmap) -> None:
     """A .pte is a flatbuffer whose file identifier (bytes 4..8) is 'ET' + two version digits;
     anything else is refused before the deserializer (or the C++ runtime) parses it."""
     ident = data[4:8]
     if len(data) < 8 or ident[:2] != b"ET" or not ident[2:].isdigit():
         raise ArtifactFormatError(
             f"{path.name} is not an ExecuTorch program (file identifier {ident!r}, expected b'ETnn')",
-            hint="re-export; the file is truncated or is not a .pte file")
+            hint="re-export; the file is truncated or is not a .pte file",
+        )
 
 
 def read_pte(path: pathlib.Path) -> PteTensors:
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
     import mmap
+
+    from executorch.exir._serialize._program import deserialize_pte_binary
 
     path = pathlib.Path(path)
     try:
@@ -161,14 +171,17 @@ def read_pte(path: pathlib.Path) -> PteTensors:
             size = os.fstat(f.fileno()).st_size
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     except OSError as exc:
-        raise ArtifactIOError(f"cannot read {path.name}: {exc.strerror}",
-                              hint="re-export into the folder") from exc
+        raise ArtifactIOError(
+            f"cannot read {path.name}: {exc.strerror}", hint="re-export into the folder"
+        ) from exc
     check_pte_header(path, data)
     try:
         pte = deserialize_pte_binary(memoryview(data))
     except Exception as exc:
-        raise ArtifactFormatError(f"{path.name} is not a readable ExecuTorch program: {exc}",
-                                  hint="re-export; the file may be truncated or not a .pte file") from exc
+        raise ArtifactFormatError(
+            f"{path.name} is not a readable ExecuTorch program: {exc}",
+            hint="re-export; the file may be truncated or not a .pte file",
+        ) from exc
     named: dict[str, str] = {}
     nd = pte.named_data
     if nd is not None:

@@ -28,8 +28,9 @@ class WeightCheck:
     not_stored: Mapping[str, int]
 
 
-def verify_manifest(manifest: WeightManifest, out_dir: pathlib.Path,
-                    holder: Mapping[str, torch.Tensor] | None) -> WeightCheck:
+def verify_manifest(
+    manifest: WeightManifest, out_dir: pathlib.Path, holder: Mapping[str, torch.Tensor] | None
+) -> WeightCheck:
     problems: list[str] = []
     if holder is not None:
         for e in manifest.entries:
@@ -37,8 +38,10 @@ def verify_manifest(manifest: WeightManifest, out_dir: pathlib.Path,
             if t is None:
                 problems.append(f"holder: weight {e.name!r} is no longer in the shared program")
             elif tensor_sha256(t) != e.sha256:
-                problems.append(f"holder: weight {e.name!r} is stale: it changed after export "
-                                "(the artifacts carry the old values)")
+                problems.append(
+                    f"holder: weight {e.name!r} is stale: it changed after export "
+                    "(the artifacts carry the old values)"
+                )
     stores: dict = {}
     for target, info in manifest.artifacts.items():
         path = out_dir / info["file"]
@@ -69,12 +72,14 @@ def verify_manifest(manifest: WeightManifest, out_dir: pathlib.Path,
                     ok = permuted_sha256(holder[e.name], tuple(loc.permutation or ())) == ref
             elif kind == "delegate_payload":
                 off = int(ref)
-                ok = hashlib.sha256(store.raw[off:off + e.nbytes]).hexdigest() == e.sha256
+                ok = hashlib.sha256(store.raw[off : off + e.nbytes]).hexdigest() == e.sha256
             elif kind == "constant_buffer":
                 ok = store.constant_sha(int(ref), e.nbytes) == e.sha256
             if not ok:
-                problems.append(f"{target}: weight {e.name!r} differs on disk from the manifest "
-                                f"({loc.where} in {manifest.artifacts[target]['file']})")
+                problems.append(
+                    f"{target}: weight {e.name!r} differs on disk from the manifest "
+                    f"({loc.where} in {manifest.artifacts[target]['file']})"
+                )
             elif loc.status == "transformed":
                 transformed[target] += 1
             else:

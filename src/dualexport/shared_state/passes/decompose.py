@@ -41,12 +41,18 @@ def _static(shape: Sequence[Any]) -> bool:
 def _known_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b, strict=True))
 
 
 # ------------------------------------------------------------------------------ layer norm
-def _layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, eps: float = 1e-5, cudnn_enable: bool = True) -> Any:
+def _layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    cudnn_enable: bool = True,
+) -> Any:
     """LayerNorm over the last dim as XNNPACK ops: the mean is a global average pool of the
     input seen as ``[N, 1, 1, D]`` (XNNPACK's ``mean.dim`` takes 4-D, dims (2, 3), keepdim)."""
     if len(normalized_shape) != 1 or x.dtype != torch.float32 or not isinstance(x.shape[-1], int):
@@ -65,16 +71,29 @@ def _layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.
 
 
 # ------------------------------------------------------------------------------- attention
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
-          dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-          enable_gqa: bool = False) -> Any:
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
     """Attention as ``bmm``/``mul``/``add``/``_softmax``/``bmm`` when no mask is given.
 
     With a mask, torch's math decomposition uses a "safe" softmax (a row masked out everywhere
     gives zeros, not NaN) whose prologue XNNPACK refuses; that semantics is kept by declining.
     """
-    if (attn_mask is not None or dropout_p != 0.0 or is_causal or enable_gqa or q.dim() != 4
-            or q.dtype != torch.float32):
+    if (
+        attn_mask is not None
+        or dropout_p != 0.0
+        or is_causal
+        or enable_gqa
+        or q.dim() != 4
+        or q.dtype != torch.float32
+    ):
         return NotImplemented
     if not (_known_equal(q.shape[:2], k.shape[:2]) and _known_equal(k.shape[:3], v.shape[:3])):
         return NotImplemented
@@ -145,7 +164,9 @@ def _expand(x: torch.Tensor, size: Sequence[Any], *, implicit: bool = False) -> 
 #: op -> rewrite; grouped so a user can pick a subset.
 decompose_layer_norm: dict[Any, Callable[..., Any]] = {aten.layer_norm.default: _layer_norm}
 attention_as_bmm: dict[Any, Callable[..., Any]] = {
-    aten.scaled_dot_product_attention.default: _sdpa, aten.matmul.default: _matmul}
+    aten.scaled_dot_product_attention.default: _sdpa,
+    aten.matmul.default: _matmul,
+}
 views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.squeeze.dim: _as_view(aten.squeeze.dim),
     aten.squeeze.dims: _as_view(aten.squeeze.dims),

@@ -83,7 +83,8 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
                 continue
             val = node.meta.get("val")
             if node.target is not operator.getitem and not (
-                    _static_tensor(val) or (isinstance(val, (tuple, list)) and all(map(_static_tensor, val)))):
+                _static_tensor(val) or (isinstance(val, (tuple, list)) and all(map(_static_tensor, val)))
+            ):
                 continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
             try:
@@ -97,16 +98,25 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
     # A metadata assert on a folded value is decided now: run it once and drop it, so it does
     # not keep its input alive as a second constant.
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in _NEVER_FOLD and not node.users \
-                and all(n in values for n in node.all_input_nodes):
+        if (
+            node.op == "call_function"
+            and node.target in _NEVER_FOLD
+            and not node.users
+            and all(n in values for n in node.all_input_nodes)
+        ):
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
             try:
                 node.target(*args, **kwargs)
             except Exception:  # a failing check stays in the program
                 continue
             graph.erase_node(node)
-    frontier = [n for n in values if n.op == "call_function" and isinstance(values[n], torch.Tensor)
-                and any(u not in values for u in n.users)]
+    frontier = [
+        n
+        for n in values
+        if n.op == "call_function"
+        and isinstance(values[n], torch.Tensor)
+        and any(u not in values for u in n.users)
+    ]
     if not frontier:
         return program
 
@@ -116,7 +126,8 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     anchor = placeholders[user_idx] if user_idx < len(placeholders) else None
     fake_mode = torch._guards.detect_fake_mode(
-        [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+        [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    )
     taken = set(program.constants) | set(program.state_dict) | {n.name for n in graph.nodes}
     new_specs: list[InputSpec] = []
     counter = 0
@@ -126,21 +137,32 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
         name = f"_folded_constant_{counter}"
         taken.add(name)
         tensor = values[node].detach().contiguous().clone()
-        ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
+        ctx = (
+            graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
+        )
         with ctx:
             ph = graph.placeholder(name)
         ph.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
         ph.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True) if fake_mode else tensor
         node.replace_all_uses_with(ph)
         program.constants[ph.name] = tensor
-        new_specs.append(InputSpec(kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=ph.name),
-                                   target=ph.name, persistent=None))
+        new_specs.append(
+            InputSpec(
+                kind=InputKind.CONSTANT_TENSOR,
+                arg=TensorArgument(name=ph.name),
+                target=ph.name,
+                persistent=None,
+            )
+        )
         if anchor is None:
             placeholders.append(ph)
     graph.eliminate_dead_code()
     # Lifted constants nothing reads any more (their placeholder is dead): drop them.
-    dead = {n.name for n in graph.nodes if n.op == "placeholder" and not n.users
-            and n.name in sig.inputs_to_lifted_tensor_constants}
+    dead = {
+        n.name
+        for n in graph.nodes
+        if n.op == "placeholder" and not n.users and n.name in sig.inputs_to_lifted_tensor_constants
+    }
     for n in [n for n in graph.nodes if n.op == "placeholder" and n.name in dead]:
         graph.erase_node(n)
     kept = []
@@ -149,7 +171,8 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
             program.constants.pop(s.target, None)
             continue
         kept.append(s)
-    program._graph_signature = ExportGraphSignature(  # noqa: SLF001 - no public setter
-        input_specs=kept + new_specs + specs[user_idx:], output_specs=list(sig.output_specs))
+    program._graph_signature = ExportGraphSignature(
+        input_specs=kept + new_specs + specs[user_idx:], output_specs=list(sig.output_specs)
+    )
     program.graph_module.recompile()
     return program

@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 
-from .errors import DelegationError, InputError
+from ..errors import InputError
 
-__all__ = ["validate_export_request", "check_dynamic_shapes",
-           "weight_bytes", "estimate_export_bytes", "check_full_delegation"]
+__all__ = ["validate_export_request", "check_dynamic_shapes", "weight_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +43,10 @@ def _leaves(obj: Any, path: str) -> Iterable[tuple[str, Any]]:
 
 def _check_model(model: Any) -> None:
     if not isinstance(model, torch.nn.Module):
-        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}",
-                         hint="pass the module instance, e.g. dx.export(MyNet(), (x,))")
+        raise InputError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}",
+            hint="pass the module instance, e.g. dx.export(MyNet(), (x,))",
+        )
     off_cpu, bad = [], []
     for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in items:
@@ -54,41 +55,58 @@ def _check_model(model: Any) -> None:
             elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
                 bad.append(f"{kind} {name}")
     if off_cpu:
-        raise InputError(f"the model's weights must be on the CPU; found {_some(off_cpu)}",
-                         hint="call model.cpu() (for a model built on the meta device, load real "
-                         "weights first, e.g. load_state_dict(..., assign=True))")
+        raise InputError(
+            f"the model's weights must be on the CPU; found {_some(off_cpu)}",
+            hint="call model.cpu() (for a model built on the meta device, load real "
+            "weights first, e.g. load_state_dict(..., assign=True))",
+        )
     if bad:
-        raise InputError(f"the model's weights hold NaN or Inf: {_some(bad)}",
-                         hint="fix or reload the checkpoint; artifacts with non-finite weights "
-                         "cannot be checked for parity")
+        raise InputError(
+            f"the model's weights hold NaN or Inf: {_some(bad)}",
+            hint="fix or reload the checkpoint; artifacts with non-finite weights "
+            "cannot be checked for parity",
+        )
 
 
 def _check_inputs(args: Any, kwargs: Any) -> None:
     if not isinstance(args, tuple):
-        raise InputError(f"args must be a tuple of example inputs, got {type(args).__name__}",
-                         hint="wrap a single tensor as (x,)")
+        raise InputError(
+            f"args must be a tuple of example inputs, got {type(args).__name__}",
+            hint="wrap a single tensor as (x,)",
+        )
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise InputError(f"kwargs must be a dict, got {type(kwargs).__name__}",
-                         hint="pass keyword inputs as kwargs={'name': tensor}")
+        raise InputError(
+            f"kwargs must be a dict, got {type(kwargs).__name__}",
+            hint="pass keyword inputs as kwargs={'name': tensor}",
+        )
     leaves = list(_leaves(args, "args")) + list(_leaves(dict(kwargs or {}), "kwargs"))
     for path, x in leaves:
         if isinstance(x, torch.Tensor):
             _check_tensor(path, x)
         elif type(x).__module__ == "numpy":
-            raise InputError(f"{path} is a numpy {type(x).__name__}; example inputs must be torch tensors",
-                             hint=f"pass torch.from_numpy({path.split('[')[0]}...) instead")
+            raise InputError(
+                f"{path} is a numpy {type(x).__name__}; example inputs must be torch tensors",
+                hint=f"pass torch.from_numpy({path.split('[')[0]}...) instead",
+            )
 
 
 def _check_tensor(path: str, x: torch.Tensor) -> None:
     if x.device.type != "cpu":
-        raise InputError(f"{path} is on device {x.device}; dualexport traces and checks on the CPU",
-                         hint=f"pass {path}.cpu() (and keep the model on the CPU)")
+        raise InputError(
+            f"{path} is on device {x.device}; dualexport traces and checks on the CPU",
+            hint=f"pass {path}.cpu() (and keep the model on the CPU)",
+        )
     if x.layout != torch.strided:
-        raise InputError(f"{path} has layout {x.layout}; only dense tensors can be exported",
-                         hint=f"pass {path}.to_dense()")
+        raise InputError(
+            f"{path} has layout {x.layout}; only dense tensors can be exported",
+            hint=f"pass {path}.to_dense()",
+        )
     if not x.is_contiguous():
-        what = "channels_last" if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+        what = (
+            "channels_last"
+            if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
             else "non-contiguous"
+        )
         raise InputError(
             f"{path} is {what} (strides {tuple(x.stride())}); the artifacts take contiguous inputs, "
             "and a channels_last example makes the ExecuTorch program expect another memory order",
@@ -96,8 +114,10 @@ def _check_tensor(path: str, x: torch.Tensor) -> None:
         )
     if (x.is_floating_point() or x.is_complex()) and x.numel() and not bool(torch.isfinite(x).all()):
         n = int((~torch.isfinite(x)).sum())
-        raise InputError(f"{path} holds {n} NaN/Inf value(s)",
-                         hint="use finite example inputs: parity metrics are meaningless on NaN/Inf")
+        raise InputError(
+            f"{path} holds {n} NaN/Inf value(s)",
+            hint="use finite example inputs: parity metrics are meaningless on NaN/Inf",
+        )
 
 
 def _check_quantize(quantize: Any, calibration: Any) -> None:
@@ -106,19 +126,27 @@ def _check_quantize(quantize: Any, calibration: Any) -> None:
     if quantize is None:
         return
     if calibration is None:
-        raise InputError("quantize='int8' needs calibration data",
-                         hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
+        raise InputError(
+            "quantize='int8' needs calibration data",
+            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs",
+        )
     if isinstance(calibration, (torch.Tensor, str, bytes)) or not isinstance(calibration, Iterable):
-        raise InputError(f"calibration must be an iterable of argument tuples, got {type(calibration).__name__}",
-                         hint="pass calibration=[(x1,), (x2,)]")
+        raise InputError(
+            f"calibration must be an iterable of argument tuples, got {type(calibration).__name__}",
+            hint="pass calibration=[(x1,), (x2,)]",
+        )
     if isinstance(calibration, Sequence):
         if not calibration:
-            raise InputError("calibration is empty: int8 quantization needs at least one batch",
-                             hint="pass calibration=[(x1,), (x2,), ...] with representative inputs")
+            raise InputError(
+                "calibration is empty: int8 quantization needs at least one batch",
+                hint="pass calibration=[(x1,), (x2,), ...] with representative inputs",
+            )
         for i, item in enumerate(calibration):
             if not isinstance(item, tuple):
-                raise InputError(f"calibration[{i}] is a {type(item).__name__}, not an args tuple",
-                                 hint="wrap each batch as (x,)")
+                raise InputError(
+                    f"calibration[{i}] is a {type(item).__name__}, not an args tuple",
+                    hint="wrap each batch as (x,)",
+                )
 
 
 # ------------------------------------------------------------------------------ dynamic shapes
@@ -138,37 +166,47 @@ def _check_tensor_spec(path: str, x: torch.Tensor, spec: Any) -> None:
                 raise InputError(
                     f"dynamic_shapes for {path} names dim {k!r}, but {path} has {x.dim()} dims "
                     f"(shape {tuple(x.shape)})",
-                    hint=f"use dim indices 0..{x.dim() - 1}, e.g. {{0: Dim('batch')}}")
+                    hint=f"use dim indices 0..{x.dim() - 1}, e.g. {{0: Dim('batch')}}",
+                )
         items = [(k % x.dim(), v) for k, v in items]
     elif isinstance(spec, (tuple, list)):
         if len(spec) != x.dim():
             raise InputError(
                 f"dynamic_shapes for {path} has {len(spec)} entries, but {path} has {x.dim()} dims "
                 f"(shape {tuple(x.shape)})",
-                hint="give one entry per dim (None for static), or a dict {dim_index: Dim}")
+                hint="give one entry per dim (None for static), or a dict {dim_index: Dim}",
+            )
         items = list(enumerate(spec))
     else:
-        raise InputError(f"dynamic_shapes for tensor {path} is a {type(spec).__name__}",
-                         hint="use None, a dict {dim_index: Dim(...)} or a tuple with one entry per dim")
+        raise InputError(
+            f"dynamic_shapes for tensor {path} is a {type(spec).__name__}",
+            hint="use None, a dict {dim_index: Dim(...)} or a tuple with one entry per dim",
+        )
     for d, v in items:
         if not _is_dim_like(v):
-            raise InputError(f"dynamic_shapes for {path} dim {d} is {v!r}, not a Dim, int or None",
-                             hint="use torch.export.Dim('name', min=..., max=...) or Dim.AUTO")
+            raise InputError(
+                f"dynamic_shapes for {path} dim {d} is {v!r}, not a Dim, int or None",
+                hint="use torch.export.Dim('name', min=..., max=...) or Dim.AUTO",
+            )
         size = int(x.shape[d])
         if isinstance(v, int) and not isinstance(v, bool) and v != size:
-            raise InputError(f"dynamic_shapes for {path} fixes dim {d} to {v}, but the example has {size}",
-                             hint="make the example match, or mark the dim dynamic")
+            raise InputError(
+                f"dynamic_shapes for {path} fixes dim {d} to {v}, but the example has {size}",
+                hint="make the example match, or mark the dim dynamic",
+            )
         lo, hi = getattr(v, "min", None), getattr(v, "max", None)
         if isinstance(lo, int) and size < lo or isinstance(hi, int) and size > hi:
             raise InputError(
                 f"dynamic_shapes for {path} dim {d}: the example size {size} is outside "
                 f"{getattr(v, '__name__', 'Dim')}'s range [{lo}, {hi}]",
-                hint="use an example inside the range, or widen the Dim's min/max")
+                hint="use an example inside the range, or widen the Dim's min/max",
+            )
         if isinstance(v, Dim) and size in (0, 1):
             raise InputError(
                 f"dynamic_shapes for {path} dim {d} is a named Dim, but the example size is {size}; "
                 "torch.export specializes sizes 0 and 1, so the dim cannot stay dynamic",
-                hint="use an example size of at least 2 for dynamic dims")
+                hint="use an example size of at least 2 for dynamic dims",
+            )
 
 
 def _check_spec_tree(path: str, value: Any, spec: Any) -> None:
@@ -178,23 +216,31 @@ def _check_spec_tree(path: str, value: Any, spec: Any) -> None:
         _check_tensor_spec(path, value, spec)
     elif isinstance(value, (tuple, list)):
         if not isinstance(spec, (tuple, list)) or len(spec) != len(value):
-            raise InputError(f"dynamic_shapes for {path} must be a sequence of {len(value)} specs "
-                             f"like the input, got {spec!r}", hint="mirror the input's structure")
-        for i, (v, s) in enumerate(zip(value, spec)):
+            raise InputError(
+                f"dynamic_shapes for {path} must be a sequence of {len(value)} specs "
+                f"like the input, got {spec!r}",
+                hint="mirror the input's structure",
+            )
+        for i, (v, s) in enumerate(zip(value, spec, strict=True)):
             _check_spec_tree(f"{path}[{i}]", v, s)
     elif isinstance(value, Mapping):
         if not isinstance(spec, Mapping) or set(spec) - set(value):
-            raise InputError(f"dynamic_shapes for {path} must be a dict with keys among {sorted(value)}",
-                             hint="mirror the input's structure")
+            raise InputError(
+                f"dynamic_shapes for {path} must be a dict with keys among {sorted(value)}",
+                hint="mirror the input's structure",
+            )
         for k, s in spec.items():
             _check_spec_tree(f"{path}[{k!r}]", value[k], s)
     elif not _is_dim_like(spec):
-        raise InputError(f"dynamic_shapes for the non-tensor input {path} must be None, got {spec!r}",
-                         hint="only tensors have dynamic dims")
+        raise InputError(
+            f"dynamic_shapes for the non-tensor input {path} must be None, got {spec!r}",
+            hint="only tensors have dynamic dims",
+        )
 
 
-def check_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None,
-                         dynamic_shapes: Any) -> None:
+def check_dynamic_shapes(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None, dynamic_shapes: Any
+) -> None:
     """Refuse a dynamic_shapes spec that does not mirror (args, kwargs), before tracing."""
     if dynamic_shapes is None:
         return
@@ -203,13 +249,16 @@ def check_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: 
         try:
             bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
         except TypeError as exc:
-            raise InputError(f"args/kwargs do not fit {type(model).__name__}.forward: {exc}",
-                             hint="pass the inputs forward() takes") from exc
+            raise InputError(
+                f"args/kwargs do not fit {type(model).__name__}.forward: {exc}",
+                hint="pass the inputs forward() takes",
+            ) from exc
         unknown = [k for k in dynamic_shapes if k not in bound]
         if unknown:
-            raise InputError(f"dynamic_shapes names {unknown}, which are not inputs of forward "
-                             f"(inputs: {list(bound)})",
-                             hint="key dynamic_shapes by forward's parameter names, or pass a tuple")
+            raise InputError(
+                f"dynamic_shapes names {unknown}, which are not inputs of forward (inputs: {list(bound)})",
+                hint="key dynamic_shapes by forward's parameter names, or pass a tuple",
+            )
         for k, spec in dynamic_shapes.items():
             _check_spec_tree(k, bound[k], spec)
         return
@@ -219,21 +268,34 @@ def check_dynamic_shapes(model: torch.nn.Module, args: tuple[Any, ...], kwargs: 
         try:
             bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
         except (TypeError, ValueError):
-            bound = {f"args[{i}]": v for i, v in enumerate(args)} | {f"kwargs[{k!r}]": v for k, v in kwargs.items()}
+            bound = {f"args[{i}]": v for i, v in enumerate(args)} | {
+                f"kwargs[{k!r}]": v for k, v in kwargs.items()
+            }
         if len(dynamic_shapes) != len(bound):
-            raise InputError(f"dynamic_shapes has {len(dynamic_shapes)} entries but forward takes "
-                             f"{len(bound)} inputs ({list(bound)})",
-                             hint="give one spec per parameter of forward (None for static ones)")
-        for (n, v), spec in zip(bound.items(), dynamic_shapes):
+            raise InputError(
+                f"dynamic_shapes has {len(dynamic_shapes)} entries but forward takes "
+                f"{len(bound)} inputs ({list(bound)})",
+                hint="give one spec per parameter of forward (None for static ones)",
+            )
+        for (n, v), spec in zip(bound.items(), dynamic_shapes, strict=True):
             _check_spec_tree(n, v, spec)
         return
-    raise InputError(f"dynamic_shapes must be a dict or a tuple, got {type(dynamic_shapes).__name__}",
-                     hint="e.g. dynamic_shapes=({0: torch.export.Dim('batch')},)")
+    raise InputError(
+        f"dynamic_shapes must be a dict or a tuple, got {type(dynamic_shapes).__name__}",
+        hint="e.g. dynamic_shapes=({0: torch.export.Dim('batch')},)",
+    )
 
 
 # ------------------------------------------------------------------------------ the entry point
-def validate_export_request(model: Any, args: Any, kwargs: Any, *, quantize: str | None,
-                            calibration: Iterable[Any] | None, dynamic_shapes: Any = None) -> None:
+def validate_export_request(
+    model: Any,
+    args: Any,
+    kwargs: Any,
+    *,
+    quantize: str | None,
+    calibration: Iterable[Any] | None,
+    dynamic_shapes: Any = None,
+) -> None:
     """Raise InputError for requests that cannot succeed (or would silently export wrong
     numbers); called before tracing."""
     _check_model(model)
@@ -248,45 +310,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in list(model.parameters()) + list(model.buffers()):
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) if t.device.type != "meta" \
+        key = (
+            (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+            if t.device.type != "meta"
             else (id(t), 0)
+        )
         if key in seen:
             continue
         seen.add(key)
         total += t.numel() * t.element_size()
     return total
-
-
-def estimate_export_bytes(model: torch.nn.Module, targets: Sequence[str]) -> int:
-    """Disk an export needs (see outputs.space.needed_bytes), for the free-space check."""
-    from .outputs.space import needed_bytes
-
-    return needed_bytes(weight_bytes(model), len(targets))
-
-
-# ------------------------------------------------------------------------------ policy
-def check_full_delegation(report: Any, program: Any = None) -> None:
-    """For ``require_full_delegation=True``: raise DelegationError naming every op XNNPACK left
-    to the portable runtime (and, from ``program``, the node and model line of the first one)."""
-    if report is None:
-        return
-    missing = [op for op, (_, nd) in report.by_op.items() if nd and op not in ("getitem", "alloc")]
-    if not missing:
-        return
-    node, dotted = None, {}
-    if program is not None:
-        from .shared_state.nodes import op_name
-
-        for n in program.graph.nodes:
-            key = op_name(n).replace(".", "_") if n.op == "call_function" else None
-            if key in missing:
-                dotted.setdefault(key, op_name(n))
-                node = node if node is not None else n
-    names = [dotted.get(op, op) for op in missing]
-    counts = ", ".join(f"{dotted.get(op, op)} x{report.by_op[op][1]}" for op in missing)
-    raise DelegationError(
-        f"require_full_delegation: {len(missing)} op(s) were not delegated to XNNPACK: {counts}"
-        + ("; the first" if node is not None else ""), ops=names, node=node,
-        hint="replace those ops in the model with ones XNNPACK supports, or pass "
-        "require_full_delegation=False to accept portable kernels for them",
-    )

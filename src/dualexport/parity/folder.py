@@ -22,16 +22,23 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import ArtifactFormatError, ArtifactIOError, InputError, UnsafeArtifactError, WeightMismatchError
-from .outputs.commit import journal_path, recover
-from .outputs.lock import export_lock
-from .outputs.paths import check_name, safe_child
-from .parity.compare import run_parity
-from .parity.inputs import extra_input_sets, load_inputs, unflatten_inputs
-from .parity.report import ParityReport
-from .weights import WeightCheck, WeightManifest, verify_manifest
-from .weights.locate import holder_tensors
-from .weights.readers import check_pte_header, read_onnx
+from ..errors import (
+    ArtifactFormatError,
+    ArtifactIOError,
+    InputError,
+    UnsafeArtifactError,
+    WeightMismatchError,
+)
+from ..outputs.commit import journal_path, recover
+from ..outputs.lock import export_lock
+from ..outputs.paths import check_name, safe_child
+from ..shared_state.contract import unflatten_inputs
+from ..weights import WeightCheck, WeightManifest, verify_manifest
+from ..weights.locate import holder_tensors
+from ..weights.readers import check_pte_header, read_onnx
+from .compare import run_parity
+from .inputs import edge_input_sets, extra_input_sets, load_inputs
+from .report import ParityReport
 
 __all__ = ["find_name", "load_manifest", "artifact_paths", "load_program", "check_artifacts", "compare_dir"]
 
@@ -43,11 +50,14 @@ def find_name(folder: pathlib.Path, name: str | None) -> str:
         raise InputError(f"{str(folder)!r} is not a folder", hint="pass the out_dir of an export")
     if name is not None:
         return check_name(name)
-    found = sorted(p.name[: -len(".weights.json")] for p in folder.glob("*.weights.json")
-                   if not p.name.startswith("."))
+    found = sorted(
+        p.name[: -len(".weights.json")] for p in folder.glob("*.weights.json") if not p.name.startswith(".")
+    )
     if len(found) != 1:
-        raise InputError(f"{str(folder)!r} holds {len(found)} exports ({found})",
-                         hint="pass --name to choose one" if found else "export into it first")
+        raise InputError(
+            f"{str(folder)!r} holds {len(found)} exports ({found})",
+            hint="pass --name to choose one" if found else "export into it first",
+        )
     return found[0]
 
 
@@ -59,15 +69,21 @@ def load_manifest(folder: pathlib.Path, name: str) -> WeightManifest:
             raise ValueError(f"top level is a {type(data).__name__}, not an object")
         manifest = WeightManifest.from_dict(data)
     except FileNotFoundError as exc:
-        raise ArtifactIOError(f"{path.name} is missing from {str(folder)!r}",
-                              hint="export into the folder first") from exc
+        raise ArtifactIOError(
+            f"{path.name} is missing from {str(folder)!r}", hint="export into the folder first"
+        ) from exc
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ArtifactFormatError(f"{path.name} is not a readable dualexport manifest: {exc}",
-                                  hint="re-export into the folder; the file is truncated or foreign") from exc
+        raise ArtifactFormatError(
+            f"{path.name} is not a readable dualexport manifest: {exc}",
+            hint="re-export into the folder; the file is truncated or foreign",
+        ) from exc
     if not isinstance(manifest.artifacts, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("file"), str) for v in manifest.artifacts.values()):
-        raise ArtifactFormatError(f"{path.name} does not list its artifacts as {{target: {{'file': name}}}}",
-                                  hint="re-export into the folder")
+        isinstance(v, dict) and isinstance(v.get("file"), str) for v in manifest.artifacts.values()
+    ):
+        raise ArtifactFormatError(
+            f"{path.name} does not list its artifacts as {{target: {{'file': name}}}}",
+            hint="re-export into the folder",
+        )
     return manifest
 
 
@@ -76,8 +92,9 @@ def artifact_paths(folder: pathlib.Path, manifest: WeightManifest) -> dict[str, 
     out = {}
     for target, info in manifest.artifacts.items():
         if target not in ("onnx", "xnnpack"):
-            raise ArtifactFormatError(f"the manifest lists an unknown target {target!r}",
-                                      hint="re-export into the folder")
+            raise ArtifactFormatError(
+                f"the manifest lists an unknown target {target!r}", hint="re-export into the folder"
+            )
         out[target] = safe_child(folder, info["file"], what=f"the manifest's {target} artifact")
         for side in info.get("files", []) or []:
             safe_child(folder, side, what=f"the manifest's {target} side file")
@@ -93,7 +110,8 @@ def _check_sizes(folder: pathlib.Path, name: str) -> None:
             if path.is_file() and path.stat().st_size != size:
                 raise ArtifactFormatError(
                     f"{fname} is {path.stat().st_size} bytes, but the export wrote {size}",
-                    hint="the file was truncated or replaced; re-export into the folder")
+                    hint="the file was truncated or replaced; re-export into the folder",
+                )
 
 
 def check_artifacts(folder: pathlib.Path, name: str, paths: dict[str, pathlib.Path]) -> None:
@@ -101,8 +119,10 @@ def check_artifacts(folder: pathlib.Path, name: str, paths: dict[str, pathlib.Pa
     _check_sizes(folder, name)
     for target, path in paths.items():
         if not path.is_file():
-            raise ArtifactIOError(f"{path.name} ({target}) is missing from {str(folder)!r}",
-                                  hint="re-export into the folder; the set is incomplete")
+            raise ArtifactIOError(
+                f"{path.name} ({target}) is missing from {str(folder)!r}",
+                hint="re-export into the folder; the set is incomplete",
+            )
         if target == "onnx":
             read_onnx(path)  # checks every external-data location and length
         else:
@@ -117,8 +137,10 @@ def _refuse_pickles(path: pathlib.Path) -> None:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
     except (OSError, zipfile.BadZipFile) as exc:
-        raise ArtifactFormatError(f"{path.name} is not a torch.export archive: {exc}",
-                                  hint="re-export; the file is truncated or foreign") from exc
+        raise ArtifactFormatError(
+            f"{path.name} is not a torch.export archive: {exc}",
+            hint="re-export; the file is truncated or foreign",
+        ) from exc
     from torch.export.pt2_archive.constants import CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX
 
     for n in names:
@@ -127,7 +149,8 @@ def _refuse_pickles(path: pathlib.Path) -> None:
         if legacy or base.startswith((CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)):
             raise UnsafeArtifactError(
                 f"{path.name} holds a pickled object ({n}); loading it could run code from the file",
-                hint="re-export with dualexport; never load reference programs from untrusted sources")
+                hint="re-export with dualexport; never load reference programs from untrusted sources",
+            )
 
 
 @contextlib.contextmanager
@@ -152,15 +175,19 @@ def load_program(path: pathlib.Path) -> Any:
 
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ArtifactIOError(f"the reference program {path.name} is missing",
-                              hint="re-export; the .pt2 keeps what is needed to rebuild eager")
+        raise ArtifactIOError(
+            f"the reference program {path.name} is missing",
+            hint="re-export; the .pt2 keeps what is needed to rebuild eager",
+        )
     _refuse_pickles(path)
     try:
         with _weights_only_loads():
             return torch.export.load(str(path))
     except Exception as exc:
-        raise ArtifactFormatError(f"cannot load the reference program {path.name}: {exc}",
-                                  hint="re-export; the .pt2 keeps what is needed to rebuild eager") from exc
+        raise ArtifactFormatError(
+            f"cannot load the reference program {path.name}: {exc}",
+            hint="re-export; the .pt2 keeps what is needed to rebuild eager",
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -174,10 +201,17 @@ def _reading(folder: pathlib.Path, name: str) -> Iterator[None]:
         yield
 
 
-def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | None = None,
-                atol: float | None = None, steps: int = 1, inputs: pathlib.Path | None = None,
-                generate: int = 0
-                ) -> tuple[ParityReport, WeightCheck | None, WeightMismatchError | None, str]:
+def compare_dir(
+    folder: pathlib.Path,
+    *,
+    name: str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    steps: int = 1,
+    inputs: pathlib.Path | None = None,
+    generate: int = 0,
+    edges: bool = True,
+) -> tuple[ParityReport, WeightCheck | None, WeightMismatchError | None, str]:
     folder = pathlib.Path(folder).resolve()
     name = find_name(folder, name)
     with _reading(folder, name):
@@ -194,10 +228,13 @@ def compare_dir(folder: pathlib.Path, *, name: str | None = None, rtol: float | 
         try:
             args, kwargs = unflatten_inputs(program, flat)
         except InputError as exc:
-            raise ArtifactFormatError(f"{name}.inputs.npz does not fit the program's inputs: {exc}",
-                                      hint="re-export; the inputs file belongs to another export") from exc
+            raise ArtifactFormatError(
+                f"{name}.inputs.npz does not fit the program's inputs: {exc}",
+                hint="re-export; the inputs file belongs to another export",
+            ) from exc
         sets = [("example", args, kwargs)]
         sets += extra_input_sets(program, flat, inputs, generate)
+        if edges:
+            sets += edge_input_sets(program, flat)
         report = run_parity(program, artifacts, sets, rtol=rtol, atol=atol, steps=steps)
     return report, check, werr, name
-

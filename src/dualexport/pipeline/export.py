@@ -1,0 +1,191 @@
+"""One export as a set: trace once, transform once, run one job per target from the shared
+program, then write the manifest and the side files into the set's staging folder (the caller
+commits the folder as a whole)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from ..exporters import ExportOptions
+from ..exporters.cache import previous_manifest, target_cache_key
+from ..exporters.forked import parallel_worthwhile
+from ..outputs import atomic_write_text
+from ..parity.inputs import save_inputs
+from ..shared_state import SharedProgram
+from ..shared_state.contract import edge_sizes, flatten_inputs
+from ..weights import WeightManifest
+from .job import JobKeys, Previous, TargetJob, weight_bytes
+from .manifest import build_manifest
+from .outcome import Failed, Outcome, Published
+
+__all__ = ["SetResult", "export_set", "cache_keys"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SetResult:
+    """The shared program, each target's outcome (in the order asked for) and the manifest."""
+
+    program: SharedProgram
+    outcomes: Mapping[str, Outcome]
+    manifest: WeightManifest
+    seconds: Mapping[str, float]
+
+
+def _capture(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None,
+    dynamic_shapes: Any,
+    transforms: Sequence[Callable[..., Any]],
+    quantize: str | None,
+    calibration: Iterable[tuple[Any, ...]] | None,
+    optimize: bool,
+) -> SharedProgram:
+    shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
+    if optimize:
+        # Shared-program passes: applied once, before the user's transforms, so both targets
+        # get them.
+        from ..shared_state.passes import DEFAULT_PASSES
+
+        transforms = (*DEFAULT_PASSES, *transforms)
+    if transforms:
+        shared.apply_transforms(transforms)
+    if quantize is not None:
+        from ..shared_state.quantize import quantize_shared
+
+        quantize_shared(shared, quantize, calibration)
+    shared.weight_digests()  # the baseline every pin compares with
+    return shared
+
+
+def cache_keys(
+    shared: SharedProgram,
+    targets: Sequence[str],
+    options: ExportOptions,
+    *,
+    require_full_delegation: bool = False,
+    quantize: str | None = None,
+) -> dict[str, JobKeys]:
+    """Each target's cache and structure keys: the program's fingerprint (graph text without
+    stack traces, weight digests, shape environment), the target, its options, the library
+    versions and dualexport's own source digest, and everything else asked of the export."""
+    fp = shared.fingerprint(rehash=False)
+    extra = {
+        "require_full_delegation": require_full_delegation,
+        "quantize": quantize,
+        "transforms": [r.name for r in shared.transforms],
+    }
+    return {
+        t: JobKeys(
+            target_cache_key(fp, t, options, extra), target_cache_key(fp, t, options, extra, weights=False)
+        )
+        for t in targets
+    }
+
+
+def export_set(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None,
+    *,
+    targets: tuple[str, ...],
+    set_dir: pathlib.Path,
+    previous_dir: pathlib.Path | None,
+    name: str,
+    dynamic_shapes: Any,
+    transforms: Sequence[Callable[..., Any]],
+    quantize: str | None,
+    calibration: Iterable[tuple[Any, ...]] | None,
+    options: ExportOptions,
+    require_full_delegation: bool,
+    optimize: bool,
+) -> SetResult:
+    t0 = time.perf_counter()
+    shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, optimize)
+    fp = shared.fingerprint(rehash=False)
+    keys = cache_keys(
+        shared, targets, options, require_full_delegation=require_full_delegation, quantize=quantize
+    )
+    prev_manifest = previous_manifest(previous_dir, name) if previous_dir is not None else None
+    previous = Previous(previous_dir, prev_manifest) if previous_dir and prev_manifest else None
+    program = shared.exported_program
+    example = flatten_inputs(program, shared.example_args, shared.example_kwargs)
+    edges = edge_sizes(program)
+    jobs = {
+        t: TargetJob(
+            shared,
+            t,
+            set_dir=set_dir,
+            name=name,
+            options=options,
+            keys=keys[t],
+            previous=previous,
+            example=example,
+            edges=edges,
+            require_full_delegation=require_full_delegation,
+        )
+        for t in targets
+    }
+    outcomes: dict[str, Outcome] = {}
+    try:
+        lowering = [t for t, job in jobs.items() if job.prepare()]
+        parallel = (
+            options.parallel if options.parallel is not None else parallel_worthwhile(weight_bytes(shared))
+        )
+        # With two targets to lower and a free core, XNNPACK (the long one) lowers in a forked
+        # worker while this process runs the ONNX job; the worker lowers the holder's tensors.
+        background = "xnnpack" if parallel and set(lowering) == {"onnx", "xnnpack"} else None
+        if background is not None:
+            jobs[background].start(fork=True)
+        for t, job in jobs.items():
+            if t != background:
+                if t in lowering:
+                    job.start()
+                outcomes[t] = job.finish()
+        if background is not None:
+            outcomes[background] = jobs[background].finish()
+    finally:
+        for job in jobs.values():
+            job.cancel()  # only an unfinished job (an interrupt) has anything to undo
+    outcomes = {t: outcomes[t] for t in targets}
+    published: dict[str, Published] = {t: o for t, o in outcomes.items() if not isinstance(o, Failed)}
+    manifest = build_manifest(shared, published, keys, previous, name, fp)
+    if published:
+        _write_side_files(shared, manifest, published, set_dir, name, example)
+    for problem in manifest.problems():
+        logger.warning("weight manifest: %s", problem)
+    seconds = {
+        "capture": shared.capture_seconds,
+        **{t: o.seconds for t, o in outcomes.items()},
+        "total": time.perf_counter() - t0,
+    }
+    return SetResult(shared, MappingProxyType(outcomes), manifest, MappingProxyType(seconds))
+
+
+def _write_side_files(
+    shared: SharedProgram,
+    manifest: WeightManifest,
+    published: Mapping[str, Published],
+    set_dir: pathlib.Path,
+    name: str,
+    example: list[torch.Tensor],
+) -> None:
+    atomic_write_text(set_dir / f"{name}.weights.json", manifest.to_json())
+    shared.save(str(set_dir / f"{name}.pt2"))
+    save_inputs(set_dir / f"{name}.inputs.npz", example)
+    xnn = published.get("xnnpack")
+    if xnn is not None and xnn.delegation is not None:
+        d = xnn.delegation
+        atomic_write_text(set_dir / f"{name}.delegation.json", json.dumps(d.to_dict(), indent=2) + "\n")
+        atomic_write_text(set_dir / f"{name}.delegation.md", d.to_markdown())

@@ -1,0 +1,381 @@
+"""One target's job, in one fixed order:
+
+1. **pin** the shared program (fingerprint and shape environment; ``SharedProgram.pinned``);
+2. **reuse** the previous set's files when the cache key matches, else **patch** copies of them
+   when only weights changed, else **decompose** and **lower** (in a forked worker when asked),
+   watching the shape environment wherever the lowering runs;
+3. **prove** the file from disk: the ranges it records, then runs at the example and at the edges
+   of every declared range (``prove.prove_file``);
+4. **unpin**: a graph or weight change, or a narrowed range, refuses the target here;
+5. only then **stage** the files into the set's folder for its commit.
+
+A target refused at any step stages nothing (its files die with the job's private staging
+folder), so the set never publishes a file without a manifest entry. Reuse, patch and the forked
+worker are strategies of this one sequence, not copies of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pathlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._memory import release_memory
+from ..errors import DualExportError, InternalError, OnnxLoweringError, XnnpackLoweringError
+from ..exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter
+from ..exporters.cache import link_previous_files
+from ..exporters.delegation import check_full_delegation
+from ..exporters.forked import ForkedCall
+from ..outputs import commit_files, staging_dir
+from ..shared_state import SharedProgram
+from ..shared_state.contract import EdgeSizes
+from ..weights import WeightManifest, verify_manifest
+from ..weights.locate import holder_tensors
+from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
+from .prove import prove_file
+
+__all__ = ["JobKeys", "Previous", "TargetJob", "weight_bytes", "RELEASE_MEMORY_ABOVE"]
+
+logger = logging.getLogger(__name__)
+
+_LOWERING_ERRORS = {"onnx": OnnxLoweringError, "xnnpack": XnnpackLoweringError}
+
+#: Below this many weight bytes a full garbage collection (~0.5 s on a transformer) costs more
+#: than the memory it returns.
+RELEASE_MEMORY_ABOVE = 64 << 20
+
+
+def weight_bytes(shared: SharedProgram) -> int:
+    return sum(t.numel() * t.element_size() for t in holder_tensors(shared.exported_program).values())
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The cache key (everything that makes the file) and the structure key (the same without
+    weight values: a previous file with this key can be patched)."""
+
+    cache: str
+    structure: str
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The set already in the output folder, read from its manifest."""
+
+    folder: pathlib.Path
+    manifest: WeightManifest
+
+
+@dataclass(frozen=True)
+class _Lowering:
+    """A lowering's result, small enough to cross from a forked worker: the tensors the lowered
+    program keeps are reduced to a count and the names that are not the holder's objects."""
+
+    files: tuple[pathlib.Path, ...]
+    ops: tuple[str, ...]
+    delegation: DelegationReport | None
+    weight_notes: Mapping[str, str]
+    kept_tensors: int
+    kept_not_shared: tuple[str, ...]
+    backend_passes: Any = None
+    opset: int | None = None
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """Files in the job's staging folder that came from the previous set."""
+
+    strategy: str  # "reused" or "patched"
+    files: tuple[pathlib.Path, ...]
+    ops: tuple[str, ...]
+    delegation: DelegationReport | None
+    weight_notes: Mapping[str, str] = field(default_factory=dict)
+    patched: int = 0
+
+
+def _previous_delegation(info: Mapping[str, Any]) -> DelegationReport | None:
+    return DelegationReport.from_dict(info["delegation"]) if info.get("delegation") else None
+
+
+class TargetJob:
+    """Run one target through the fixed order above; ``run()`` in one go, or ``prepare()``,
+    ``start(fork=...)`` and ``finish()`` to lower in a forked worker meanwhile."""
+
+    def __init__(
+        self,
+        shared: SharedProgram,
+        target: str,
+        *,
+        set_dir: pathlib.Path,
+        name: str,
+        options: ExportOptions,
+        keys: JobKeys,
+        previous: Previous | None,
+        example: list[torch.Tensor],
+        edges: Sequence[EdgeSizes],
+        require_full_delegation: bool = False,
+    ) -> None:
+        self.shared, self.target, self.set_dir, self.name = shared, target, set_dir, name
+        self.options, self.keys, self.previous = options, keys, previous
+        self.example, self.edges = example, tuple(edges)
+        self.require_full_delegation = require_full_delegation
+        self.exporter = get_exporter(target)
+        self._staging_ctx = contextlib.ExitStack()
+        self._pin_ctx = contextlib.ExitStack()
+        self._staging: pathlib.Path | None = None
+        self._specs: tuple[Any, ...] = ()
+        self._staged: _Staged | None = None
+        self._lower: Callable[[], _Lowering] | None = None
+        self._forked: ForkedCall[_Lowering] | None = None
+        self._decomposed: Any = None
+        self._error: BaseException | None = None
+        self._done = False
+        self._t0 = time.perf_counter()
+
+    # --------------------------------------------------------------------------- the steps
+    def prepare(self) -> bool:
+        """Pin, then try reuse and patch. True when the target still needs lowering."""
+        self._t0 = time.perf_counter()
+        try:
+            self._staging = self._staging_ctx.enter_context(staging_dir(self.set_dir))
+            self._specs = self._pin_ctx.enter_context(self.shared.pinned(self.target)).specs
+            self._staged = self._reuse() or self._patch()
+        except BaseException as exc:
+            self._error = exc
+            return False
+        return self._staged is None
+
+    def start(self, *, fork: bool = False) -> None:
+        """Decompose (linked to the one state_dict) and begin lowering; in a forked worker when
+        ``fork`` (the parent meanwhile runs the other target's job)."""
+        if self._error is not None or self._staged is not None:
+            return
+        try:
+            decomposed = self.shared.decompose(self.target, self.exporter.decompose)
+            self._decomposed = decomposed
+            holder_ids = {id(t) for t in holder_tensors(self.shared.exported_program).values()}
+            exporter, staging, target = self.exporter, self._staging, self.target
+            assert staging is not None
+
+            def lower() -> _Lowering:
+                with self.shared.watch_ranges(target):
+                    try:
+                        lowered = exporter.lower(decomposed, staging, self.name, self.options)
+                    except DualExportError:
+                        raise
+                    except Exception as exc:
+                        raise _LOWERING_ERRORS[target](
+                            f"lowering failed: {type(exc).__name__}: {exc}",
+                            target=target,
+                            hint="see the chained exception",
+                        ) from exc
+                return _summarize(lowered, holder_ids)
+
+            self._lower = lower
+            self._forked = ForkedCall(lower, label=target) if fork else None
+        except BaseException as exc:
+            self._error = exc
+
+    def finish(self) -> Outcome:
+        """Complete and prove the file, unpin, then stage it for the set's commit."""
+        self._done = True
+        try:
+            try:
+                if self._error is not None:
+                    raise self._error
+                with self._pin_ctx:  # leaving it checks the pin: a refusal stages nothing
+                    outcome = self._complete()
+                return self._stage(outcome)
+            finally:
+                self._staging_ctx.close()
+        except DualExportError as exc:
+            logger.error("%s", exc)
+            return Failed(self.target, exc, time.perf_counter() - self._t0)
+        except Exception as exc:  # a library failure nobody anticipated
+            err = InternalError(f"{self.target}: {type(exc).__name__}: {exc}", target=self.target)
+            err.__cause__ = exc
+            logger.error("%s", err)
+            return Failed(self.target, err, time.perf_counter() - self._t0)
+
+    def run(self) -> Outcome:
+        if self.prepare():
+            self.start()
+        return self.finish()
+
+    def cancel(self) -> None:
+        """Give up on an unfinished job (an exception or an interrupt between start and finish):
+        kill its worker, unpin, drop its staging folder."""
+        if self._done:
+            return
+        self._done = True
+        if self._forked is not None:
+            self._forked.cancel()
+        with contextlib.suppress(Exception):
+            self._pin_ctx.close()
+        self._staging_ctx.close()
+
+    # ----------------------------------------------------------------------- strategies
+    def _info(self) -> Mapping[str, Any] | None:
+        prev = self.previous
+        return prev.manifest.artifacts.get(self.target) if prev is not None else None
+
+    def _reuse(self) -> _Staged | None:
+        """A cache hit: the previous files linked in and proven against the previous manifest
+        from disk; the decomposition is deferred (``program.decomposed[target]`` computes it)."""
+        info, prev, staging = self._info(), self.previous, self._staging
+        if not info or info.get("cache_key") != self.keys.cache or prev is None or staging is None:
+            return None
+        files = link_previous_files(prev.folder, staging, list(info["files"]))
+        if files is None:
+            return None
+        m = prev.manifest
+        try:  # the key covers every weight's digest: only the linked files are re-read
+            verify_manifest(
+                WeightManifest(m.entries, {self.target: info}, m.versions, m.program), staging, None
+            )
+        except DualExportError as exc:
+            logger.warning("cached %s artifact does not verify, lowering again: %s", self.target, exc)
+            _remove(files)
+            return None
+        self.shared.defer_decomposition(self.target, self.exporter.decompose)
+        main = staging / info["file"]
+        logger.info("%s: reusing %s (cache key %s...)", self.target, info["file"], self.keys.cache[:12])
+        return _Staged(
+            "reused",
+            (main, *[f for f in files if f != main]),
+            tuple(info.get("ops", ())),
+            _previous_delegation(info),
+        )
+
+    def _patch(self) -> _Staged | None:
+        """A weights-only change: copies of the previous files with the new bytes written where
+        the previous manifest proved each changed weight stored exactly."""
+        from ..exporters.patch import patch_files, plan_patch
+
+        info, prev, staging = self._info(), self.previous, self._staging
+        if not info or info.get("structure_key") != self.keys.structure or prev is None or staging is None:
+            return None
+        program = self.shared.exported_program
+        changes = plan_patch(
+            self.target, prev.manifest.entries, self.shared.weight_digests(), holder_tensors(program)
+        )
+        if not changes:
+            return None
+        try:
+            files = tuple(patch_files(self.target, prev.folder, staging, list(info["files"]), changes))
+        except (ValueError, OSError) as exc:
+            logger.warning("%s: weights-only patch not applied (%s); lowering again", self.target, exc)
+            _remove(staging.iterdir())
+            return None
+        self.shared.defer_decomposition(self.target, self.exporter.decompose)
+        # Same graph, so the same reasons for weights the target does not store as-is.
+        notes = {
+            n: loc.reason
+            for e in prev.manifest.entries
+            for loc in [e.locations.get(self.target)]
+            if loc is not None and loc.status == "not_stored" and loc.reason
+            for n in e.names
+        }
+        logger.info("%s: weights-only change, %d weight(s) patched", self.target, len(changes))
+        return _Staged(
+            "patched", files, tuple(info.get("ops", ())), _previous_delegation(info), notes, len(changes)
+        )
+
+    # ------------------------------------------------------------------- complete, stage
+    def _prove(self, path: pathlib.Path) -> Proof:
+        return prove_file(self.target, path, self._specs, self.edges, self.example)
+
+    def _complete(self) -> Published:
+        seconds = lambda: time.perf_counter() - self._t0  # noqa: E731
+        staged = self._staged
+        if staged is not None:
+            try:
+                proof = self._prove(staged.files[0])
+            except DualExportError as exc:  # a previous file this code no longer accepts
+                logger.warning(
+                    "%s: %s file failed its proof (%s); lowering again", self.target, staged.strategy, exc
+                )
+                _remove(staged.files)
+                self._staged = None
+                self.start()
+                if self._error is not None:
+                    raise self._error from None
+                return self._complete()
+            if staged.strategy == "reused":
+                return Reused(
+                    self.target,
+                    staged.files,
+                    staged.ops,
+                    staged.delegation,
+                    seconds(),
+                    proof,
+                    cache_key=self.keys.cache,
+                )
+            return Patched(
+                self.target,
+                staged.files,
+                staged.ops,
+                staged.delegation,
+                seconds(),
+                proof,
+                weight_notes=staged.weight_notes,
+                patched=staged.patched,
+            )
+        assert self._lower is not None
+        forked = self._forked
+        lowered = (forked.result() if forked is not None else None) or self._lower()
+        if weight_bytes(self.shared) >= RELEASE_MEMORY_ABOVE:
+            release_memory()  # the lowering's garbage must not stack under the smoke runs
+        if lowered.kept_not_shared:
+            logger.warning(
+                "%s keeps tensors that are not the holder's objects: %s",
+                self.target,
+                list(lowered.kept_not_shared),
+            )
+        if self.require_full_delegation and self.target == "xnnpack":
+            check_full_delegation(lowered.delegation, self._decomposed)
+        proof = self._prove(lowered.files[0])
+        return Lowered(
+            self.target,
+            lowered.files,
+            lowered.ops,
+            lowered.delegation,
+            seconds(),
+            proof,
+            weight_notes=lowered.weight_notes,
+            kept_tensors=lowered.kept_tensors,
+            kept_not_shared=lowered.kept_not_shared,
+            forked=forked is not None,
+            backend_passes=lowered.backend_passes,
+            opset=lowered.opset,
+        )
+
+    def _stage(self, outcome: Published) -> Published:
+        """Move the proven files into the set's folder (the set commits them all at once)."""
+        return outcome.with_files(commit_files(outcome.files, self.set_dir))
+
+
+def _summarize(lowered: LoweredTarget, holder_ids: set[int]) -> _Lowering:
+    kept = lowered.kept_tensors
+    return _Lowering(
+        files=lowered.files,
+        ops=lowered.ops,
+        delegation=lowered.delegation,
+        weight_notes=dict(lowered.weight_notes),
+        kept_tensors=len(kept),
+        kept_not_shared=tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids)),
+        backend_passes=lowered.backend_passes,
+        opset=lowered.details.get("opset"),
+    )
+
+
+def _remove(files: Any) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            pathlib.Path(f).unlink()
