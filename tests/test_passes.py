@@ -1,9 +1,11 @@
-"""The shared-program optimization passes, each proven by parity on the zoo.
+"""dualexport's passes, on by default, each proven by parity.
 
-Every case is exported with the passes as ordinary ``transforms``; then, as in ``test_zoo.py``, a
-chain of stages: no target error, a structural check on the XNNPACK delegation (fewer subgraphs or
-a higher delegated share than the same case without the passes, as catalogued in tests/zoo), the
-weight check from disk (``verify_weights``), and ``dx.compare(...).ok`` on every input set.
+The shared program gets the canonicalizations and the constant folding (both targets see them);
+each target gets its own pipeline on its own program: XNNPACK's rewrites inside
+``decomposed["xnnpack"]`` only, ONNX Runtime's optimizer (without BatchNorm fusion) on the ONNX
+model only. Stages per case, as in ``test_zoo.py``: no target error, a structural check (the
+XNNPACK delegation against the same export with every pass off; ONNX keeping the ops ORT fuses),
+the weights from disk (``verify_weights``), and ``dx.compare(...).ok`` on every input set.
 """
 
 from __future__ import annotations
@@ -15,20 +17,32 @@ import pytest
 import torch
 
 import dualexport as dx
-from dualexport.shared_state.passes import DEFAULT_PASSES, fold_constants, xnnpack_friendly
+from dualexport.exporters.xnnpack_rewrites import xnnpack_friendly
+from dualexport.shared_state.passes import PassContractError, ProgramPass, fold_constants
 from zoo import ZOO, Case
 from zoo.hf import HF_CASES
 
 _BY_NAME = {c.name: c for c in ZOO + HF_CASES}
 
 
-def _export(case: Case, out: pathlib.Path, transforms: Any = DEFAULT_PASSES, *, dynamic: bool = True) -> Any:
+def _export(case: Case, out: pathlib.Path, *, dynamic: bool = True, optimize: bool = True) -> Any:
     torch.manual_seed(0)
     model = case.factory().eval()
     args, kwargs = case.inputs()
     dyn = case.dynamic_shapes() if (dynamic and case.dynamic_shapes) else None
+    quant: dict[str, Any] = {}
+    if case.int8_calibration:
+        quant = {"quantize": "int8", "calibration": [case.inputs() for _ in range(case.int8_calibration)]}
     res = dx.export(
-        model, args, kwargs or None, out_dir=out, name=case.name, dynamic_shapes=dyn, transforms=transforms
+        model,
+        args,
+        kwargs or None,
+        out_dir=out,
+        name=case.name,
+        dynamic_shapes=dyn,
+        optimize=optimize,
+        cache=False,
+        **quant,
     )
     assert not res.errors, {t: str(e) for t, e in res.errors.items()}
     return res
@@ -44,9 +58,10 @@ def _proven(case: Case, res: Any, *, dynamic: bool = True) -> None:
 
 
 # ------------------------------------------------------------------------ default (fast) run
-def test_static_encoder_is_one_subgraph(tmp_path: pathlib.Path) -> None:
-    """The issue's figure: on a TransformerEncoder every node but the delegate's output getitem
-    goes to XNNPACK, in one subgraph (14 subgraphs, 56% without the passes)."""
+def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: pathlib.Path) -> None:
+    """A TransformerEncoder: every node but the delegate's output getitem goes to XNNPACK, in
+    one subgraph; the ONNX file keeps LayerNormalization (the rewrite is XNNPACK's alone), and
+    the shared program is not rewritten."""
     case = _BY_NAME["transformer_encoder"]
     res = _export(case, tmp_path, dynamic=False)
     d = res.artifacts["xnnpack"].delegation
@@ -54,20 +69,30 @@ def test_static_encoder_is_one_subgraph(tmp_path: pathlib.Path) -> None:
     assert d.delegated_share >= 0.9, d.to_markdown()
     assert set(d.non_delegated_ops()) <= {"getitem"}, d.non_delegated_ops()
     _proven(case, res, dynamic=False)
-    # both targets got the same rewritten program: no layer_norm / sdpa left in the ONNX graph
-    assert "LayerNormalization" not in res.artifacts["onnx"].ops
-    assert [r.name for r in res.program.transforms] == ["fold_constants", "xnnpack_friendly"]
+    assert "LayerNormalization" in res.artifacts["onnx"].ops
+    shared_ops = {str(n.target) for n in res.program.exported_program.graph.nodes}
+    assert "aten.layer_norm.default" in shared_ops
+    xnn_ops = {str(n.target) for n in res.program.decomposed["xnnpack"].graph.nodes}
+    assert not any("layer_norm" in op for op in xnn_ops), xnn_ops
+    assert [p.name for p in res.program.passes] == ["ReshapeForView", "ExplicitPoolArgs", "FoldConstants"]
+    assert res.manifest.artifacts["xnnpack"]["cache_key"] != ""
+    for dec in res.program.decomposed.values():
+        assert dec.state_dict is res.program.state_dict
 
 
-def test_dynamic_encoder_fewer_subgraphs(tmp_path: pathlib.Path) -> None:
-    """With a dynamic sequence length the symbolic views stay outside, but layer_norm and the
-    attention prologue go in: fewer subgraphs than the catalogue's count without passes."""
+def test_passes_are_on_by_default_and_optimize_false_turns_them_off(tmp_path: pathlib.Path) -> None:
+    """The dynamic encoder: fewer subgraphs than with every pass off, and both proven."""
     case = _BY_NAME["transformer_encoder"]
-    res = _export(case, tmp_path)
-    d = res.artifacts["xnnpack"].delegation
-    assert d.subgraphs < case.xnnpack_subgraphs, d.to_markdown()
-    assert "aten_native_layer_norm_default" not in d.non_delegated_ops()
-    _proven(case, res)
+    default = _export(case, tmp_path / "default")
+    plain = _export(case, tmp_path / "plain", optimize=False)
+    assert plain.program.passes == ()
+    assert default.artifacts["xnnpack"].delegation.subgraphs < plain.artifacts["xnnpack"].delegation.subgraphs
+    assert "aten_native_layer_norm_default" not in default.artifacts["xnnpack"].delegation.non_delegated_ops()
+    _proven(case, default)
+    _proven(case, plain)
+    # each pipeline is part of the key: the two sets can never reuse each other's files
+    for t in ("onnx", "xnnpack"):
+        assert default.manifest.artifacts[t]["cache_key"] != plain.manifest.artifacts[t]["cache_key"]
 
 
 def test_layer_norm_delegated(tmp_path: pathlib.Path) -> None:
@@ -79,6 +104,76 @@ def test_layer_norm_delegated(tmp_path: pathlib.Path) -> None:
     assert "aten_native_layer_norm_default" not in d.by_op
     assert d.by_op["aten_mean_dim"][1] == 0
     _proven(case, res)
+
+
+def test_onnx_pipeline_keeps_weights_honest(tmp_path: pathlib.Path) -> None:
+    """ONNX Runtime's optimizer runs, but BatchNorm is not fused into the convolution (ORT does it
+    at load): ``conv.weight`` carries its own bytes; a linear weight the optimizer folded into its
+    transpose is recorded as transformed and re-checked from disk after the permutation."""
+    from torch import nn
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.bn = nn.BatchNorm2d(8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.bn(self.conv(x)).mean(dim=(2,)).transpose(1, 2)  # [N, W, C]: a 3-D linear
+            return self.fc(y)
+
+    m = M().eval()
+    res = dx.export(m, (torch.randn(2, 3, 8, 8),), out_dir=tmp_path, name="m", cache=False)
+    assert not res.errors
+    assert {"Conv", "BatchNormalization"} <= set(res.artifacts["onnx"].ops)
+    conv = res.manifest.entry("conv.weight").locations["onnx"]
+    assert conv.status == "exact" and conv.where.startswith("initializer:conv.weight@")
+    fc = res.manifest.entry("fc.weight").locations["onnx"]
+    assert fc.status == "transformed" and fc.permutation == (1, 0), fc
+    check = res.verify_weights()
+    assert check.transformed["onnx"] >= 1
+    assert dx.compare(res).ok
+    off = dx.export(
+        m,
+        (torch.randn(2, 3, 8, 8),),
+        out_dir=tmp_path / "off",
+        name="m",
+        cache=False,
+        options=dx.ExportOptions(onnx_passes=False),
+    )
+    assert off.manifest.entry("fc.weight").locations["onnx"].status == "exact"
+
+
+def test_pass_declarations_are_checked() -> None:
+    """A pass that says it returns a new program but edits its input is refused; a target's pass
+    is refused on the shared program."""
+    from dualexport.shared_state import SharedProgram
+    from models import MLP
+
+    class Liar(ProgramPass):
+        serves = "shared"
+        in_place = False
+
+        def call(self, program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+            relu = next(n for n in program.graph.nodes if n.target == torch.ops.aten.relu.default)
+            relu.target = torch.ops.aten.sigmoid.default
+            program.graph_module.recompile()
+            return program.run_decompositions({})
+
+    class ForXnnpack(ProgramPass):
+        serves = "xnnpack"
+        in_place = True
+
+        def call(self, program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+            return program
+
+    ep = torch.export.export(MLP().eval(), (torch.randn(2, 16),))
+    with pytest.raises(PassContractError, match="edited its input"):
+        Liar()(ep)
+    shared = SharedProgram.capture(MLP(), (torch.randn(2, 16),))
+    with pytest.raises(dx.TransformError, match="serves xnnpack"):
+        shared.apply_passes([ForXnnpack()])
 
 
 def test_fold_constants_lifts_one_constant() -> None:
@@ -123,65 +218,36 @@ def test_rewrites_decline_what_they_cannot_keep() -> None:
 
 
 # ------------------------------------------------------------------------------ slow: the zoo
-#: int8 cases are left to the zoo runner (tests/zoo/runner.py), which quantizes them and checks
-#: within one quantization step: exported here without quantize= they would only repeat their
-#: float twins (mlp, cnn_batchnorm), and they declare no subgraph count to compare with.
-_ZOO_LIVE = [c for c in ZOO if not c.xfail and not c.int8_calibration]
-#: Cases where the passes must strictly reduce the subgraph count (the rest must not raise it).
-_FEWER = {"transformer_encoder", "gru", "masked_attention", "kv_cache"}
-#: tied_embedding: layer_norm now joins the delegate, but the embedding that shares the head's
-#: weight stays outside between them, so the count rises 1 -> 2 while the share rises.
-_MORE_OK = {"tied_embedding"}
+_ZOO_LIVE = [c for c in ZOO if not c.xfail]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", _ZOO_LIVE, ids=[c.name for c in _ZOO_LIVE])
-def test_zoo_case_with_passes(case: Case, tmp_path: pathlib.Path) -> None:
-    res = _export(case, tmp_path)
-    d = res.artifacts["xnnpack"].delegation
-    if case.name in _FEWER:
-        assert d.subgraphs < case.xnnpack_subgraphs, d.to_markdown()
-    elif case.name not in _MORE_OK:
-        assert d.subgraphs <= case.xnnpack_subgraphs, d.to_markdown()
-    _proven(case, res)
+def test_zoo_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> None:
+    """Every zoo case, default passes and every pass off: both proven, and the passes never
+    raise the number of XNNPACK subgraphs (the exceptions name why)."""
+    default = _export(case, tmp_path / "default")
+    plain = _export(case, tmp_path / "plain", optimize=False)
+    d, p = default.artifacts["xnnpack"].delegation, plain.artifacts["xnnpack"].delegation
+    if case.name not in _MORE_OK:
+        assert d.subgraphs <= p.subgraphs, (d.to_markdown(), p.to_markdown())
+    _proven(case, default)
+    _proven(case, plain)
 
 
+#: tied_embedding: layer_norm joins the delegate, but the embedding that shares the head's
+#: weight stays outside between them, so the count rises 1 -> 2 while the share rises.
+_MORE_OK = {"tied_embedding"}
 _HF_LIVE = [c for c in HF_CASES if not c.xfail]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", _HF_LIVE, ids=[c.name for c in _HF_LIVE])
-def test_hf_case_with_passes(case: Case, tmp_path: pathlib.Path) -> None:
-    """Real architectures: strictly fewer subgraphs than catalogued without the passes (ResNet,
-    already one subgraph, stays one), parity and weights."""
-    res = _export(case, tmp_path)
-    d = res.artifacts["xnnpack"].delegation
-    if case.xnnpack_subgraphs == 1:
-        assert d.subgraphs == 1
-    else:
-        assert d.subgraphs < case.xnnpack_subgraphs, d.to_markdown()
-    _proven(case, res)
-
-
-@pytest.mark.slow
-def test_static_bert_share(tmp_path: pathlib.Path) -> None:
-    """The issue's BERT figure: >= 90% of nodes delegated, at most 3 subgraphs (10 and 54%
-    without the passes), parity and weights."""
-    case = _BY_NAME["hf_bert"]
-    res = _export(case, tmp_path, dynamic=False)
-    d = res.artifacts["xnnpack"].delegation
-    assert d.subgraphs <= 3 and d.delegated_share >= 0.9, d.to_markdown()
-    _proven(case, res, dynamic=False)
-
-
-def test_optimize_option_applies_the_default_passes(tmp_path: pathlib.Path) -> None:
-    """``dx.export(optimize=True)`` runs DEFAULT_PASSES once on the shared program, first."""
-    from models import MLP
-
-    res = dx.export(MLP(), (torch.randn(2, 16),), out_dir=tmp_path, name="m", optimize=True)
-    assert not res.errors
-    names = [t.name for t in res.program.transforms]
-    assert len(names) == len(DEFAULT_PASSES)
-    assert res.program.decomposed["onnx"].state_dict is res.program.state_dict
-    assert dx.compare(res).ok
-    res.verify_weights()
+def test_hf_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> None:
+    """Real architectures, default passes and every pass off: never more subgraphs, both proven."""
+    default = _export(case, tmp_path / "default")
+    plain = _export(case, tmp_path / "plain", optimize=False)
+    d, p = default.artifacts["xnnpack"].delegation, plain.artifacts["xnnpack"].delegation
+    assert d.subgraphs <= p.subgraphs, (d.to_markdown(), p.to_markdown())
+    _proven(case, default)
+    _proven(case, plain)

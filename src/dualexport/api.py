@@ -74,6 +74,11 @@ def _artifact(outcome: Published, out_dir: pathlib.Path) -> Artifact:
     return Artifact(moved.target, moved.path, moved.files, moved.ops, moved.seconds, moved.delegation, moved)
 
 
+def _options(options: ExportOptions | None, optimize: bool) -> ExportOptions:
+    options = options or ExportOptions()
+    return options if optimize else options.plain()
+
+
 def export(
     model: torch.nn.Module,
     args: tuple[Any, ...],
@@ -88,7 +93,7 @@ def export(
     calibration: Iterable[tuple[Any, ...]] | None = None,
     strict: bool = False,
     require_full_delegation: bool = False,
-    optimize: bool = False,
+    optimize: bool = True,
     cache: bool = True,
     options: ExportOptions | None = None,
 ) -> ExportResult:
@@ -98,7 +103,8 @@ def export(
 
     A failing target does not stop the others (its error is in ``res.errors``, and none of its
     files is published) unless ``strict=True``, which raises the first target error and commits
-    nothing.
+    nothing. ``optimize=False`` turns every dualexport pass off (``ExportOptions.plain()``): the
+    programs the plain libraries would lower, canonicalizations included.
     """
     targets = normalize_targets(target)
     validate_export_request(
@@ -121,9 +127,8 @@ def export(
             transforms=transforms,
             quantize=quantize,
             calibration=calibration,
-            options=options or ExportOptions(),
+            options=_options(options, optimize),
             require_full_delegation=require_full_delegation,
-            optimize=optimize,
         )
         errors = {t: o.error for t, o in done.outcomes.items() if isinstance(o, Failed)}
         if strict and errors:

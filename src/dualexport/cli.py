@@ -135,7 +135,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             out_dir=ns.out,
             name=ns.name,
             strict=ns.strict,
-            optimize=ns.optimize,
+            optimize=not ns.plain,
         )
     for t, art in res.artifacts.items():
         out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
@@ -246,10 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (exit 3) when any target fails, and keep the previous artifacts",
     )
     e.add_argument(
-        "--optimize",
+        "--plain",
         action="store_true",
-        help="apply the shared-program passes (constant folding, XNNPACK-friendly rewrites)",
+        help="turn every dualexport pass off (canonicalizations, constant folding, each target's "
+        "own pipeline): the programs the plain libraries would lower",
     )
+    e.add_argument("--optimize", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2
     e.set_defaults(func=_cmd_export)
     c = sub.add_parser(
         "compare",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,25 @@ class ExportOptions:
     #: lower XNNPACK in a forked worker while ONNX exports; None: when a core is free and the
     #: weights are under 64 MB (see exporters/forked.py)
     parallel: bool | None = None
+    #: shared program: canonicalizations that keep a library from failing on ordinary models
+    #: (shared_state/passes/canonical.py); semantics-preserving, both targets get them
+    canonicalize: bool = True
+    #: shared program: fold input-independent subgraphs (mask/position prologues) into constants
+    fold_constants: bool = True
+    #: XNNPACK's own pipeline on decomposed["xnnpack"] (exporters/xnnpack_rewrites.py): the ops
+    #: XNNPACK refuses rewritten into ones it takes, so fewer, larger delegated subgraphs
+    xnnpack_passes: bool = True
+    #: ONNX's own pipeline on the ONNX model (exporters/onnx_passes.py): constant folding and
+    #: the graph clean-up of torch.onnx's optimizer, minus the BatchNorm fusion that would store
+    #: other bytes under a weight's name (ONNX Runtime fuses BatchNorm at load instead)
+    onnx_passes: bool = True
+
+    def plain(self) -> ExportOptions:
+        """These options with every dualexport pass off: the programs the plain libraries would
+        lower (``dx.export(optimize=False)``)."""
+        return dataclasses.replace(
+            self, canonicalize=False, fold_constants=False, xnnpack_passes=False, onnx_passes=False
+        )
 
 
 @dataclass(frozen=True)
@@ -55,7 +75,12 @@ class Exporter(Protocol):
     target: ClassVar[str]
     suffix: ClassVar[str]
 
-    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+    def passes(self, options: ExportOptions) -> tuple[str, ...]:
+        """The names of the target's own passes ``options`` turns on, in order (for the cache
+        key, the manifest and ``-v``)."""
+        ...
+
+    def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         """Return the target's decomposed program (a new program; the shared one is untouched)."""
         ...
 

@@ -4,11 +4,13 @@ Why the private exporter steps: ``torch.onnx.export(ep)`` decomposes again and k
 program with another dict; calling its two phases (decompose, translate) lets the decomposed
 program be the one linked to the holder, and translates it once.
 
-Deliberate choice (DESIGN.md, "Know before designing the manifest"): the graph is *not* run
-through torch.onnx's optimizer, which folds BatchNorm into Conv and keeps the name ``conv.weight``
-for the folded values. Every initializer that carries a weight's name carries its bytes; ONNX
-Runtime does the same fusions at session load (graph optimization level ALL), so speed is not
-lost. Only dead nodes and unused initializers are removed (onnx_ir RemoveUnusedNodesPass).
+Deliberate choice (DESIGN.md, "Know before designing the manifest"): the graph runs through
+torch.onnx's optimizer passes *except* the BatchNorm fusion, which folds BatchNorm into Conv and
+keeps the name ``conv.weight`` for the folded values (``onnx_passes.py``). Every initializer that
+carries a weight's name carries its bytes; a weight folded into a transposed copy is recorded as
+transformed and checked bit for bit after the permutation; ONNX Runtime fuses BatchNorm at session
+load (graph optimization level ALL), so speed is not lost. ``ExportOptions(onnx_passes=False)``
+keeps the translated graph as it is (only dead nodes and unused initializers removed).
 """
 
 from __future__ import annotations
@@ -110,7 +112,12 @@ class OnnxExporter:
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return unused_weight_notes(decomposed)
 
-    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+    def passes(self, options: ExportOptions) -> tuple[str, ...]:
+        from .onnx_passes import ORT_PIPELINE
+
+        return ORT_PIPELINE if options.onnx_passes else ()
+
+    def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         from torch.onnx._internal.exporter import _core
 
         dec = _core._prepare_exported_program_for_export(program, registry=self.registry)
@@ -184,7 +191,13 @@ class OnnxExporter:
             if name not in state_inputs
         ]
         model.metadata_props[RANGES_METADATA] = json.dumps(user_specs)
-        RemoveUnusedNodesPass()(model)
+        folded: dict[str, str] = {}
+        if options.onnx_passes:
+            from .onnx_passes import optimize_for_ort
+
+            folded = optimize_for_ort(model)
+        else:
+            RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
 
         path = staging / f"{name}.onnx"
@@ -214,7 +227,7 @@ class OnnxExporter:
             target=self.target,
             files=tuple(files),
             ops=ops,
-            weight_notes=self.weight_notes(decomposed),
+            weight_notes={**folded, **self.weight_notes(decomposed)},
             kept_tensors=kept,
             details={"op_list": [n.op_type for n in model.graph], "opset": model.opset_imports.get("", None)},
         )

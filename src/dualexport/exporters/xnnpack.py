@@ -22,6 +22,8 @@ from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, we
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
+from .xnnpack_fixes import xnnpack_workarounds
+from .xnnpack_rewrites import REWRITES, rewrite_table
 
 __all__ = ["XnnpackExporter", "weight_notes", "size_oblivious", "lower_to_buffer", "release_lowered_payloads"]
 
@@ -139,13 +141,21 @@ class XnnpackExporter:
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return weight_notes(decomposed)
 
-    def decompose(self, program: ExportedProgram) -> ExportedProgram:
+    def passes(self, options: ExportOptions) -> tuple[str, ...]:
+        return tuple(f"xnnpack_rewrites:{group}" for group in REWRITES) if options.xnnpack_passes else ()
+
+    def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
+        """ExecuTorch's edge decomposition, keeping the ops the partitioner takes whole; with
+        ``options.xnnpack_passes`` the table also carries the XNNPACK rewrites (one
+        ``run_decompositions`` call makes the target's program with its pipeline applied)."""
         from executorch.exir.tracer import _default_decomposition_table
 
         keep, _ = _xnnpack_partitioner().ops_to_not_decompose(program)
         table = _default_decomposition_table()
         for op in keep:
             table.pop(op, None)
+        if (options or ExportOptions()).xnnpack_passes:
+            table.update(rewrite_table())
         with size_oblivious():
             return program.run_decompositions(table)
 
@@ -171,7 +181,7 @@ class XnnpackExporter:
     ) -> LoweredTarget:
         # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
         # buffers next to parameters that require grad (a KV cache beside Linear weights).
-        with torch.no_grad(), size_oblivious():
+        with torch.no_grad(), size_oblivious(), xnnpack_workarounds():
             return self._lower(decomposed, staging, name, options)
 
     def _lower(
@@ -226,7 +236,7 @@ def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None
     ``edit`` sees the edge program manager before serialization (e.g. to strip taps)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    with torch.no_grad(), size_oblivious(), pruned_backend_passes():
+    with torch.no_grad(), size_oblivious(), pruned_backend_passes(), xnnpack_workarounds():
         edge = to_edge_transform_and_lower(program, partitioner=[_xnnpack_partitioner()])
         if edit is not None:
             edit(edge)

@@ -16,7 +16,6 @@ from ..runtimes import open_runner
 from ..runtimes.eager import EagerRunner
 from ..shared_state.contract import check_input_shapes, flatten_inputs, is_stateful
 from ..shared_state.fingerprint import ranges_kept
-from .metrics import compute_metrics
 from .report import Divergence, OutputParity, ParityReport
 from .tolerances import quantized_tolerance, tolerance_for
 
@@ -115,7 +114,7 @@ def run_parity(
                     a = outs[i]
                     if a.dtype != r.dtype and r.dtype.is_floating_point is False:
                         a = a.to(r.dtype)
-                    metrics[rt] = compute_metrics(a, r, rtol=tol.rtol, atol=tol.atol)
+                    metrics[rt] = tol.judge(a, r)
                     tols[rt] = tol
                     if r.dtype.is_floating_point:
                         hists[rt] = error_histogram(a, r)
@@ -123,7 +122,7 @@ def run_parity(
                 if len(got) == 2:
                     a, b = (got[rt][i] for rt in got)
                     tol = tolerance_for("cross", r.dtype, rtol=rtol, atol=atol)
-                    cross = compute_metrics(a, b.to(a.dtype), rtol=tol.rtol, atol=tol.atol)
+                    cross = tol.judge(a, b.to(a.dtype))
                 outputs.append(
                     OutputParity(
                         i,

@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from ..shared_state.nodes import op_name, user_frame
-from .metrics import Metrics, compute_metrics
+from .metrics import Metrics
 from .report import Divergence
 from .tolerances import tolerance_for
 
@@ -174,7 +174,7 @@ def first_divergence(
         if not ref.dtype.is_floating_point:
             continue
         tol = tolerance_for(runtime, ref.dtype, rtol=rtol, atol=atol)
-        m = compute_metrics(by_shared[node.name].to(ref.dtype), ref, rtol=tol.rtol, atol=tol.atol)
+        m = tol.judge(by_shared[node.name].to(ref.dtype), ref)
         curve.append((node.name, m.max_abs))
         if first is None and not m.ok:
             first = (node, m)

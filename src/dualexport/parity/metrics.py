@@ -36,9 +36,22 @@ class Metrics:
         return {k: enc(v) for k, v in self.__dict__.items()}
 
 
-def compute_metrics(actual: torch.Tensor, reference: torch.Tensor, *, rtol: float, atol: float) -> Metrics:
-    """Metrics of ``actual`` against ``reference``; ``ok`` applies the torch.testing criterion,
-    plus: shapes must match and NaN/Inf must appear exactly where the reference has them."""
+def compute_metrics(
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    *,
+    rtol: float,
+    atol: float,
+    scale: float = 0.0,
+    min_snr_db: float | None = None,
+    min_cosine: float | None = None,
+) -> Metrics:
+    """Metrics of ``actual`` against ``reference``; ``ok`` applies, per element,
+    ``|a - r| <= atol + scale * max|r| + rtol * |r|`` (torch.testing's criterion with an absolute
+    tolerance that grows with the output's magnitude), and over the whole output the SNR and
+    cosine floors when the output is large enough for them to mean anything (its largest
+    magnitude above ``100 * atol``); plus: shapes must match and NaN/Inf must appear exactly where
+    the reference has them."""
     if tuple(actual.shape) != tuple(reference.shape):
         nan = float("nan")
         return Metrics(nan, nan, nan, nan, 100.0, False, False, False)
@@ -77,8 +90,11 @@ def compute_metrics(actual: torch.Tensor, reference: torch.Tensor, *, rtol: floa
         snr = -math.inf
     else:
         snr = 10.0 * math.log10(signal / noise)
-    bad = ~(diff <= atol + rtol * denom)
+    magnitude = float(denom.max()) if denom.numel() else 0.0
+    bad = ~(diff <= atol + scale * magnitude + rtol * denom)
     n_bad = int(bad.sum()) + int((~finite).sum() if not nonfinite_ok else 0)
     mismatch_pct = 100.0 * n_bad / a.numel()
     ok = nonfinite_ok and n_bad == 0
+    if ok and magnitude > 100 * atol:
+        ok = (min_snr_db is None or snr >= min_snr_db) and (min_cosine is None or cosine >= min_cosine)
     return Metrics(max_abs, max_rel, cosine, snr, mismatch_pct, nonfinite_ok, True, ok)

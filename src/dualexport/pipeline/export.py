@@ -15,19 +15,20 @@ from typing import Any
 
 import torch
 
-from ..exporters import ExportOptions
+from ..exporters import ExportOptions, get_exporter
 from ..exporters.cache import previous_manifest, target_cache_key
 from ..exporters.forked import parallel_worthwhile
 from ..outputs import atomic_write_text
 from ..parity.inputs import save_inputs
 from ..shared_state import SharedProgram
 from ..shared_state.contract import edge_sizes, flatten_inputs
+from ..shared_state.passes import ProgramPass
 from ..weights import WeightManifest
 from .job import JobKeys, Previous, TargetJob, weight_bytes
 from .manifest import build_manifest
 from .outcome import Failed, Outcome, Published
 
-__all__ = ["SetResult", "export_set", "cache_keys"]
+__all__ = ["SetResult", "export_set", "cache_keys", "shared_passes", "pass_lists"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,23 @@ class SetResult:
     seconds: Mapping[str, float]
 
 
+def shared_passes(options: ExportOptions) -> tuple[ProgramPass, ...]:
+    """dualexport's own passes on the shared program that ``options`` turns on, in order."""
+    from ..shared_state.passes import CANONICALIZATIONS, FoldConstants
+
+    return (
+        *(CANONICALIZATIONS if options.canonicalize else ()),
+        *((FoldConstants(),) if options.fold_constants else ()),
+    )
+
+
+def pass_lists(targets: Sequence[str], options: ExportOptions) -> dict[str, tuple[str, ...]]:
+    """The passes each program gets: the shared program's, then each target's own."""
+    out = {"shared": tuple(p.name for p in shared_passes(options))}
+    out.update({t: get_exporter(t).passes(options) for t in targets})
+    return out
+
+
 def _capture(
     model: torch.nn.Module,
     args: tuple[Any, ...],
@@ -50,21 +68,20 @@ def _capture(
     transforms: Sequence[Callable[..., Any]],
     quantize: str | None,
     calibration: Iterable[tuple[Any, ...]] | None,
-    optimize: bool,
+    options: ExportOptions,
 ) -> SharedProgram:
+    """Trace once; then the user's transforms, quantization, and dualexport's shared passes
+    (canonicalizations and constant folding run last, on the program both targets get)."""
     shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
-    if optimize:
-        # Shared-program passes: applied once, before the user's transforms, so both targets
-        # get them.
-        from ..shared_state.passes import DEFAULT_PASSES
-
-        transforms = (*DEFAULT_PASSES, *transforms)
     if transforms:
         shared.apply_transforms(transforms)
     if quantize is not None:
         from ..shared_state.quantize import quantize_shared
 
         quantize_shared(shared, quantize, calibration)
+    passes = shared_passes(options)
+    if passes:
+        shared.apply_passes(passes)
     shared.weight_digests()  # the baseline every pin compares with
     return shared
 
@@ -109,10 +126,11 @@ def export_set(
     calibration: Iterable[tuple[Any, ...]] | None,
     options: ExportOptions,
     require_full_delegation: bool,
-    optimize: bool,
 ) -> SetResult:
     t0 = time.perf_counter()
-    shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, optimize)
+    shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, options)
+    for which, names in pass_lists(targets, options).items():
+        logger.info("passes for %s: %s", which, ", ".join(names) or "none")
     fp = shared.fingerprint(rehash=False)
     keys = cache_keys(
         shared, targets, options, require_full_delegation=require_full_delegation, quantize=quantize

@@ -157,7 +157,7 @@ class TargetJob:
         if self._error is not None or self._staged is not None:
             return
         try:
-            decomposed = self.shared.decompose(self.target, self.exporter.decompose)
+            decomposed = self.shared.decompose(self.target, self._decompose)
             self._decomposed = decomposed
             holder_ids = {id(t) for t in holder_tensors(self.shared.exported_program).values()}
             exporter, staging, target = self.exporter, self._staging, self.target
@@ -220,6 +220,10 @@ class TargetJob:
             self._pin_ctx.close()
         self._staging_ctx.close()
 
+    def _decompose(self, program: Any) -> Any:
+        """The target's decomposition with its own pass pipeline (as ``options`` says)."""
+        return self.exporter.decompose(program, self.options)
+
     # ----------------------------------------------------------------------- strategies
     def _info(self) -> Mapping[str, Any] | None:
         prev = self.previous
@@ -243,7 +247,7 @@ class TargetJob:
             logger.warning("cached %s artifact does not verify, lowering again: %s", self.target, exc)
             _remove(files)
             return None
-        self.shared.defer_decomposition(self.target, self.exporter.decompose)
+        self.shared.defer_decomposition(self.target, self._decompose)
         main = staging / info["file"]
         logger.info("%s: reusing %s (cache key %s...)", self.target, info["file"], self.keys.cache[:12])
         return _Staged(
@@ -273,7 +277,7 @@ class TargetJob:
             logger.warning("%s: weights-only patch not applied (%s); lowering again", self.target, exc)
             _remove(staging.iterdir())
             return None
-        self.shared.defer_decomposition(self.target, self.exporter.decompose)
+        self.shared.defer_decomposition(self.target, self._decompose)
         # Same graph, so the same reasons for weights the target does not store as-is.
         notes = {
             n: loc.reason

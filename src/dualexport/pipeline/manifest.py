@@ -56,7 +56,7 @@ def build_manifest(
                 continue
             notes = out.weight_notes
             if target == "onnx":
-                locs[target] = locate_onnx(e, stores[target], notes)
+                locs[target] = locate_onnx(e, stores[target], notes, tensors.get(e.name))
             else:
                 locs[target] = locate_pte(e, tensors.get(e.name), stores[target], notes)
         located.append(type(e)(**{**e.__dict__, "locations": locs}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from .fingerprint import (
     weight_digests,
 )
 from .links import LinkReport, link_state_dict
+from .passes.base import PassRecord, ProgramPass
 from .transforms import TransformRecord, run_transform, transform_kind, transform_name
 
 __all__ = ["SharedProgram", "Pin", "reference_module", "narrowed_error"]
@@ -70,6 +72,16 @@ def reference_module(program: ExportedProgram) -> torch.nn.Module:
         persistent = leaf not in getattr(owner, "_non_persistent_buffers_set", set())
         owner.register_buffer(leaf, buf.clone(), persistent=persistent)
     return module
+
+
+def _run_transform(fn: Any, program: ExportedProgram) -> ExportedProgram:
+    return run_transform(program, fn)
+
+
+def _run_pass(p: ProgramPass, records: list[PassRecord], program: ExportedProgram) -> ExportedProgram:
+    out, rec = p.run(program)
+    records.append(rec)
+    return out
 
 
 def _first_line_of_user_code(exc: BaseException) -> str:
@@ -113,6 +125,7 @@ class SharedProgram:
         self._deferred: dict[str, Callable[[ExportedProgram], ExportedProgram]] = {}
         self._links: dict[str, LinkReport] = {}
         self._transforms: list[TransformRecord] = []
+        self._passes: list[PassRecord] = []
         self._notes: list[str] = list(notes)
         self.example_args = tuple(example_args)
         self.example_kwargs = dict(example_kwargs or {})
@@ -213,6 +226,11 @@ class SharedProgram:
         return tuple(self._transforms)
 
     @property
+    def passes(self) -> tuple[PassRecord, ...]:
+        """dualexport's own shared-program passes, as they ran (``apply_passes``)."""
+        return tuple(self._passes)
+
+    @property
     def notes(self) -> tuple[str, ...]:
         return tuple(self._notes)
 
@@ -222,45 +240,12 @@ class SharedProgram:
     # --------------------------------------------------------------- transforms
     def apply_transforms(self, transforms: Sequence[Callable[..., Any]]) -> tuple[TransformRecord, ...]:
         """Apply user transforms to the shared program itself, in order (invariant 3)."""
-        if self._decomposed or self._deferred:
-            raise TransformError(
-                "transforms must run before any target is decomposed",
-                hint="pass all transforms to dx.export(transforms=...)",
-            )
         records = []
         for fn in transforms:
             name, kind = transform_name(fn), transform_kind(fn)
             before = graph_digest(self._ep)
-            shapes = snapshot_shape_env(self._ep)
             start = time.perf_counter()
-            try:
-                new_ep = run_transform(self._ep, fn)
-            except TransformError:
-                raise
-            except Exception as exc:
-                raise TransformError(
-                    f"transform {name} raised {type(exc).__name__}: {exc}",
-                    hint="run the transform on a copy of res.program.exported_program to debug it",
-                ) from exc
-            narrowed = narrowed_ranges(new_ep, shapes)
-            if narrowed:
-                restore_shape_env(new_ep, shapes)
-                raise TransformError(
-                    f"transform {name} narrowed the declared dynamic range(s): {'; '.join(narrowed)}",
-                    hint="a transform must hold for every size dynamic_shapes declares; make it "
-                    "size-generic (torch._check / guard_or_false instead of guarding on the example's "
-                    "sizes) or declare the narrower range in dynamic_shapes",
-                )
-            if new_ep is not self._ep:
-                # A program transform made a new program: keep the one dict when weights are the
-                # same objects, exactly as for decompositions.
-                report = link_state_dict(new_ep, self._ep)
-                if not report.linked:
-                    self.note(
-                        f"transform {name} changed weights: "
-                        + ", ".join(f"{k} ({why})" for k, why in report.changes)
-                    )
-                self._ep = new_ep
+            self._replace(name, "transform", functools.partial(_run_transform, fn))
             rec = TransformRecord(name, kind, graph_digest(self._ep) != before, time.perf_counter() - start)
             records.append(rec)
             logger.info(
@@ -270,8 +255,64 @@ class SharedProgram:
                 "changed the graph" if rec.changed else "left the graph unchanged",
             )
         self._transforms.extend(records)
-        self._weights = None
         return tuple(records)
+
+    def apply_passes(self, passes: Sequence[ProgramPass]) -> tuple[PassRecord, ...]:
+        """Run dualexport's own shared-program passes (canonicalizations, constant folding):
+        declared passes that serve both targets, recorded apart from the user's transforms."""
+        records = []
+        for p in passes:
+            if p.serves != "shared":
+                raise TransformError(
+                    f"pass {p.name} serves {p.serves}, not the shared program",
+                    hint="run a target's pass on that target's decomposed program",
+                )
+            box: list[PassRecord] = []
+            self._replace(p.name, "pass", functools.partial(_run_pass, p, box))
+            records.extend(box)
+            logger.info("pass %s: %s", p.name, "changed the graph" if box[0].modified else "nothing to do")
+        self._passes.extend(records)
+        return tuple(records)
+
+    def _replace(self, name: str, what: str, fn: Callable[[ExportedProgram], ExportedProgram]) -> None:
+        """Run ``fn`` on the shared program and make its result the shared program: refused if
+        it raised, left the program invalid or narrowed a declared range; the one dict is kept
+        when the weights are the same objects."""
+        if self._decomposed or self._deferred:
+            raise TransformError(
+                f"{what}s must run before any target is decomposed",
+                hint="pass all transforms to dx.export(transforms=...)",
+            )
+        shapes = snapshot_shape_env(self._ep)
+        try:
+            new_ep = fn(self._ep)
+        except TransformError:
+            raise
+        except Exception as exc:
+            raise TransformError(
+                f"{what} {name} raised {type(exc).__name__}: {exc}",
+                hint="run it on a copy of res.program.exported_program to debug it",
+            ) from exc
+        narrowed = narrowed_ranges(new_ep, shapes)
+        if narrowed:
+            restore_shape_env(new_ep, shapes)
+            raise TransformError(
+                f"{what} {name} narrowed the declared dynamic range(s): {'; '.join(narrowed)}",
+                hint="a transform must hold for every size dynamic_shapes declares; make it "
+                "size-generic (torch._check / guard_or_false instead of guarding on the example's "
+                "sizes) or declare the narrower range in dynamic_shapes",
+            )
+        if new_ep is not self._ep:
+            # A new program: keep the one dict when weights are the same objects, exactly as for
+            # decompositions.
+            report = link_state_dict(new_ep, self._ep)
+            if not report.linked:
+                self.note(
+                    f"{what} {name} changed weights: "
+                    + ", ".join(f"{k} ({why})" for k, why in report.changes)
+                )
+            self._ep = new_ep
+        self._weights = None
 
     # ----------------------------------------------------------- decompositions
     def decompose(self, target: str, fn: Callable[[ExportedProgram], ExportedProgram]) -> ExportedProgram:

@@ -72,7 +72,9 @@ def _not_found(entry: WeightEntry, notes: Mapping[str, str], target: str) -> Wei
     )
 
 
-def locate_onnx(entry: WeightEntry, store: OnnxTensors, notes: Mapping[str, str]) -> WeightLocation:
+def locate_onnx(
+    entry: WeightEntry, store: OnnxTensors, notes: Mapping[str, str], tensor: torch.Tensor | None = None
+) -> WeightLocation:
     for n in entry.names:
         if n in store.sha256:
             if store.sha256[n] == entry.sha256:
@@ -95,6 +97,21 @@ def locate_onnx(entry: WeightEntry, store: OnnxTensors, notes: Mapping[str, str]
                 where=f"initializer:{init_name}@{store.where[init_name]}",
                 checked="sha256 of the initializer bytes (stored under another name)",
             )
+    if tensor is not None and any(n in notes for n in entry.names):
+        # Folded by the ONNX pipeline: a MatMul's weight becomes its transposed copy.
+        by_sha = {sha: name for name, sha in store.sha256.items() if store.nbytes.get(name) == entry.nbytes}
+        for perm in _permutations(tensor.dim()):
+            sha = permuted_sha256(tensor, perm)
+            if sha in by_sha:
+                init = by_sha[sha]
+                return WeightLocation(
+                    status="transformed",
+                    where=f"initializer:{init}@{store.where[init]}",
+                    stored_sha256=sha,
+                    permutation=perm,
+                    reason=f"the ONNX pipeline folded it into a permute{perm} copy (a MatMul's weight)",
+                    checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+                )
     return _not_found(entry, notes, "onnx")
 
 

@@ -64,7 +64,10 @@ def verify_manifest(
             ok = False
             if target == "onnx":
                 init = ref.split("@")[0]
-                ok = store.sha256.get(init) == e.sha256
+                expected = loc.stored_sha256 if loc.status == "transformed" else e.sha256
+                ok = store.sha256.get(init) == expected
+                if ok and loc.status == "transformed" and holder is not None and e.name in holder:
+                    ok = permuted_sha256(holder[e.name], tuple(loc.permutation or ())) == expected
             elif kind == "named_data":
                 expected = loc.stored_sha256 if loc.status == "transformed" else e.sha256
                 ok = ref == expected and store.named_ok(ref)

@@ -1,38 +1,32 @@
-"""Optimization passes for the shared program, applied once so both targets get them.
+"""Passes over the shared program (both targets get them) and the pass protocol every target's
+own pipeline follows (``base.ProgramPass``: it declares what it serves and whether it edits its
+input).
 
-Each pass is an ordinary dualexport transform (``ExportedProgram -> ExportedProgram``), so it is
-used as ``dx.export(..., transforms=DEFAULT_PASSES)`` or picked one by one. Each is proven by
-parity on the zoo (``tests/test_passes.py``): both artifacts still match eager and carry the
-state_dict's bytes, and XNNPACK gets fewer subgraphs / a higher delegated share.
+Shared by default (``ExportOptions.canonicalize`` / ``fold_constants``): the canonicalizations
+(semantics-preserving rewrites that keep a library from failing on an ordinary model) and the
+folding of input-independent subgraphs. Target-specific rewrites live with their target
+(``exporters/xnnpack_rewrites.py``) and run on that target's decomposed program only.
 """
 
 from __future__ import annotations
 
-from torch.export import ExportedProgram
-
-from .decompose import REWRITES, attention_as_bmm, decompose_layer_norm, views_for_shape_ops, xnnpack_friendly
-from .fold import FOLD_MAX_BYTES, fold_constants
+from .base import PassContractError, PassRecord, PassResult, ProgramPass
+from .canonical import CANONICALIZATIONS, ContiguousAsCopy, ExplicitPoolArgs, ReshapeForView
+from .fold import FOLD_MAX_BYTES, FoldConstants, fold_constants
 
 __all__ = [
-    "DEFAULT_PASSES",
+    # the protocol
+    "ProgramPass",
+    "PassResult",
+    "PassRecord",
+    "PassContractError",
+    # canonicalizations
+    "CANONICALIZATIONS",
+    "ReshapeForView",
+    "ContiguousAsCopy",
+    "ExplicitPoolArgs",
+    # folding
+    "FoldConstants",
     "fold_constants",
-    "xnnpack_friendly",
-    "REWRITES",
-    "decompose_layer_norm",
-    "attention_as_bmm",
-    "views_for_shape_ops",
     "FOLD_MAX_BYTES",
-    "optimize",
 ]
-
-
-def optimize(program: ExportedProgram) -> ExportedProgram:
-    """Every default pass in order, as one transform."""
-    for p in DEFAULT_PASSES:
-        program = p(program)
-    return program
-
-
-#: Applied in order: fold the input-independent mask/position prologue first (so the rewrites
-#: below see constants), then rewrite the ops XNNPACK refuses.
-DEFAULT_PASSES = (fold_constants, xnnpack_friendly)

@@ -19,12 +19,15 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-__all__ = ["fold_constants", "FOLD_MAX_BYTES"]
+from .base import ProgramPass
+
+__all__ = ["fold_constants", "FoldConstants", "FOLD_MAX_BYTES"]
 
 #: Largest folded result kept as a constant (bytes): masks and position ids, not activations.
 FOLD_MAX_BYTES = 1 << 20
 
 _NEVER_FOLD = {torch.ops.aten._assert_tensor_metadata.default}
+_QUANT_NAMESPACES = frozenset({"quantized_decomposed", "torchao", "quant"})
 
 
 def _static_tensor(val: Any) -> bool:
@@ -36,6 +39,8 @@ def _foldable_op(node: torch.fx.Node) -> bool:
     if target is operator.getitem:
         return True
     if not isinstance(target, torch._ops.OpOverload) or target in _NEVER_FOLD:
+        return False
+    if target.namespace in _QUANT_NAMESPACES:  # a folded dequantize would un-quantize the weights
         return False
     if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
         return False
@@ -57,6 +62,29 @@ def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
         value = program.state_dict.get(name, program.constants.get(name))
         if isinstance(value, torch.Tensor):
             out[ph] = value
+    return out
+
+
+def _aliases(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s result is a view of its first input (a view op)."""
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
+
+
+def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose result an in-place op writes, directly or through views of it."""
+    out: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for arg, value in zip(schema.arguments, node.args, strict=False):
+            if isinstance(value, torch.fx.Node) and arg.alias_info is not None and arg.alias_info.is_write:
+                src: torch.fx.Node | None = value
+                while src is not None and src not in out:
+                    out.add(src)
+                    first = src.args[0] if src.op == "call_function" and src.args else None
+                    src = first if isinstance(first, torch.fx.Node) and _aliases(src) else None
     return out
 
 
@@ -94,6 +122,16 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
             if isinstance(result, torch.Tensor) and _nbytes(result) > max_bytes:
                 continue
             values[node] = result
+
+    # A value written in place later (the training IR keeps in-place ops: ``x.masked_fill_``),
+    # or aliased by one that is, must stay computed: as a constant it would be mutated, and
+    # what was folded after it would have read it before the write.
+    for bad in _written(graph):
+        stack = [bad]
+        while stack:
+            n = stack.pop()
+            if values.pop(n, None) is not None or n is bad:
+                stack.extend(u for u in n.users if u in values)
 
     # A metadata assert on a folded value is decided now: run it once and drop it, so it does
     # not keep its input alive as a second constant.
@@ -176,3 +214,14 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
     )
     program.graph_module.recompile()
     return program
+
+
+class FoldConstants(ProgramPass):
+    """:func:`fold_constants` as a declared pass: input-independent subgraphs (mask and position
+    prologues) computed once, for both targets."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        return fold_constants(program)

@@ -1,5 +1,7 @@
-"""Rewrite ops XNNPACK refuses (or that split its partitions) into ops it takes, once, on the
-shared program, so ONNX Runtime and ExecuTorch run the same arithmetic.
+"""Rewrite ops XNNPACK refuses (or that split its partitions) into ops it takes: the XNNPACK
+target's own pass pipeline, run while its decomposed program is made (``decomposed["xnnpack"]``),
+never on the shared program, so ONNX keeps the ops ONNX Runtime fuses best (LayerNormalization
+and attention stay whole there; the layer_norm rewrite cost ORT 1.4x on tiny BERT).
 
 Why: every op the XNNPACK partitioner leaves out splits a delegated subgraph; lowering time grows
 with the number of subgraphs and each boundary costs a portable-kernel call per inference. The
@@ -10,8 +12,9 @@ than on the last dim, and same-shape ``expand`` copies made by ``matmul``'s deco
 rewrite below keeps the result's shape, dtype and value (up to float rounding) and declines
 (``NotImplemented``: the op stays as it was) whenever a condition for that is not met.
 
-The rewrites run through ``ExportedProgram.run_decompositions`` with a table of only these ops, so
-every other op (``linear``, ``conv`` ...) is preserved and symbolic shapes are traced correctly.
+The rewrites are entries of the XNNPACK decomposition table (``XnnpackExporter.decompose``): one
+``run_decompositions`` call makes the decomposed program, and symbolic shapes are traced correctly.
+
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ..shared_state.passes.base import ProgramPass
+
 __all__ = [
     "decompose_layer_norm",
     "attention_as_bmm",
     "views_for_shape_ops",
     "xnnpack_friendly",
+    "rewrite_table",
+    "XnnpackRewrites",
     "REWRITES",
 ]
 
@@ -68,6 +75,30 @@ def _layer_norm(
     if bias is not None:
         y = y + bias
     return y.reshape(x.shape)
+
+
+# ------------------------------------------------------------------------------- reductions
+def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """``mean`` over the innermost one or two dims as XNNPACK's global average pooling: the
+    input seen as ``[N, 1, 1, D]`` (or ``[N, 1, H, W]``), mean over dims (2, 3) kept, then the
+    result's shape (XNNPACK takes ``mean.dim`` only on 4-D, dims (2, 3), keepdim)."""
+    if dtype is not None or x.dtype != torch.float32 or not _static(x.shape) or not dims or x.dim() < 1:
+        return NotImplemented
+    rank = x.dim()
+    axes = sorted({d % rank for d in dims})
+    if rank == 4 and axes == [2, 3] and keepdim:
+        return NotImplemented  # already the form XNNPACK takes
+    inner = len(axes)
+    if inner not in (1, 2) or axes != list(range(rank - inner, rank)):
+        return NotImplemented
+    tail = list(x.shape[rank - inner :])
+    pooled = aten.mean.dim(x.reshape(-1, 1, *([1] * (2 - inner)), *tail), [2, 3], True)
+    out_shape = (
+        [s for i, s in enumerate(x.shape) if i not in axes]
+        if not keepdim
+        else [1 if i in axes else s for i, s in enumerate(x.shape)]
+    )
+    return pooled.reshape(out_shape)
 
 
 # ------------------------------------------------------------------------------- attention
@@ -152,13 +183,85 @@ def _select(x: torch.Tensor, dim: int, index: int) -> Any:
 
 
 def _expand(x: torch.Tensor, size: Sequence[Any], *, implicit: bool = False) -> Any:
-    """An ``expand`` to the tensor's own shape is the identity: a ``view``, not a copy."""
-    if not _static(x.shape) or len(size) != x.dim():
+    """An ``expand`` to the tensor's own shape is the identity: a ``view``, not a copy. One that
+    broadcasts a single size-1 dim ``n`` times (grouped-query attention repeating its key/value
+    heads) is a ``cat`` of ``n`` copies (XNNPACK has no broadcast copy; it concatenates)."""
+    if not _static(x.shape) or len(size) != x.dim() or not all(isinstance(s, int) for s in size):
         return NotImplemented
     target = [x.shape[i] if s == -1 else s for i, s in enumerate(size)]
-    if target != list(x.shape):
+    if target == list(x.shape):
+        return aten.view.default(x, list(x.shape))
+    grown = [i for i, (s, t) in enumerate(zip(x.shape, target, strict=True)) if s != t]
+    if len(grown) == 1 and x.shape[grown[0]] == 1 and 2 <= target[grown[0]] <= _MAX_CAT:
+        # distinct views: XNNPACK counts a concatenation's distinct inputs
+        return aten.cat.default(
+            [aten.view.default(x, list(x.shape)) for _ in range(target[grown[0]])], grown[0]
+        )
+    return NotImplemented
+
+
+#: XNNPACK concatenates 2 to 5 tensors in one node.
+_MAX_CAT = 5
+
+
+def _split_with_sizes(x: torch.Tensor, sizes: Sequence[int], dim: int = 0) -> Any:
+    """``split`` as ``slice`` ops (static shapes): XNNPACK has no split, and takes slices."""
+    if not _static(x.shape) or not all(isinstance(s, int) for s in sizes):
+        return NotImplemented
+    dim = dim % x.dim()
+    out, start = [], 0
+    for n in sizes:
+        out.append(aten.slice.Tensor(x, dim, start, start + n))
+        start += n
+    return out
+
+
+def _split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
+    if not _static(x.shape) or not isinstance(split_size, int) or split_size <= 0:
+        return NotImplemented
+    total = x.shape[dim % x.dim()]
+    sizes = [min(split_size, total - i) for i in range(0, total, split_size)]
+    return _split_with_sizes(x, sizes, dim)
+
+
+def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> Any:
+    """A ``cat`` that repeats an input (rotary embeddings' ``cat((freqs, freqs))``) with distinct
+    views of it: XNNPACK counts a concatenation's distinct inputs and refuses one."""
+    if len({id(t) for t in tensors}) == len(tensors) or not all(_static(t.shape) for t in tensors):
+        return NotImplemented
+    seen: set[int] = set()
+    parts = []
+    for t in tensors:
+        parts.append(aten.view.default(t, list(t.shape)) if id(t) in seen else t)
+        seen.add(id(t))
+    return aten.cat.default(parts, dim)
+
+
+def _alias(x: torch.Tensor) -> Any:
+    """``alias`` (an identity view) as a same-shape ``view``."""
+    if not _static(x.shape):
         return NotImplemented
     return aten.view.default(x, list(x.shape))
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _pow(x: torch.Tensor, exponent: Any) -> Any:
+    """``x ** n`` for small integral ``n`` as multiplications, ``x ** 0.5`` as ``sqrt`` and
+    ``x ** -0.5`` as ``rsqrt`` (XNNPACK takes ``pow`` only with the integer exponent 2)."""
+    if x.dtype != torch.float32 or isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        return NotImplemented
+    if exponent == 0.5:
+        return aten.sqrt.default(x)
+    if exponent == -0.5:
+        return aten.rsqrt.default(x)
+    if float(exponent) not in (2.0, 3.0, 4.0) or (isinstance(exponent, int) and exponent == 2):
+        return NotImplemented  # 2 (an int) is XNNPACK's own
+    y = x * x
+    if exponent == 3.0:
+        y = y * x
+    elif exponent == 4.0:
+        y = y * y
+    return y
 
 
 #: op -> rewrite; grouped so a user can pick a subset.
@@ -174,17 +277,41 @@ views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.unsqueeze.default: _as_view(aten.unsqueeze.default),
     aten.select.int: _select,
     aten.expand.default: _expand,
+    aten.split_with_sizes.default: _split_with_sizes,
+    aten.split.Tensor: _split,
+    aten.alias.default: _alias,
+    aten.cat.default: _cat,
 }
+elementwise: dict[Any, Callable[..., Any]] = {aten.pow.Tensor_Scalar: _pow}
+mean_as_global_pool: dict[Any, Callable[..., Any]] = {aten.mean.dim: _mean}
 REWRITES: dict[str, dict[Any, Callable[..., Any]]] = {
     "layer_norm": decompose_layer_norm,
+    "mean": mean_as_global_pool,
+    "elementwise": elementwise,
     "attention": attention_as_bmm,
     "shape_ops": views_for_shape_ops,
 }
 
 
-def xnnpack_friendly(program: ExportedProgram) -> ExportedProgram:
-    """Apply every rewrite in :data:`REWRITES` (one ``run_decompositions`` pass)."""
+def rewrite_table(groups: Sequence[str] = tuple(REWRITES)) -> dict[Any, Callable[..., Any]]:
+    """The decomposition-table entries of the chosen rewrite groups."""
     table: dict[Any, Callable[..., Any]] = {}
-    for group in REWRITES.values():
-        table.update(group)
-    return program.run_decompositions(table)
+    for group in groups:
+        table.update(REWRITES[group])
+    return table
+
+
+class XnnpackRewrites(ProgramPass):
+    """Every rewrite in :data:`REWRITES`, alone (one ``run_decompositions`` call): the entries
+    ``XnnpackExporter.decompose`` adds to its own table, usable on any program to inspect them."""
+
+    serves = "xnnpack"
+    in_place = False
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        return program.run_decompositions(rewrite_table())
+
+
+def xnnpack_friendly(program: ExportedProgram) -> ExportedProgram:
+    """:class:`XnnpackRewrites` as a plain ExportedProgram -> ExportedProgram function."""
+    return XnnpackRewrites()(program).program

@@ -1,0 +1,144 @@
+"""Canonicalizations of the shared program: the same computation, written so that neither
+target's library trips over it.
+
+Each one works around a library bug met on ordinary models, preserves semantics exactly (so both
+targets and eager agree), and runs on the shared program, so both artifacts get the same graph:
+
+* ``ReshapeForView``: torch.onnx 2.13 fails inside ``run_decompositions`` on a ``view`` whose
+  input is non-contiguous once decomposed (a decomposed ``scaled_dot_product_attention`` output
+  transposed back, as in T5: "Cannot view a tensor with shape [1, 16, 4, 16] and strides (1024,
+  16, 256, 1)"; pytorch#136543 and siblings; the maintainers' advice is reshape). ``reshape``
+  decomposes to the same ``view`` wherever the strides allow it and to a copy where they do not.
+* ``ContiguousAsCopy``: in the same models the ``contiguous()`` after the transposed attention
+  output is dropped when torch.onnx re-traces the decomposed attention (whose output strides
+  differ from the fake kernel's), and the reshape after it becomes a ``view`` that then fails on
+  the real strides. Where the traced value was non-contiguous, ``contiguous()`` is written as
+  the copy it performed (``clone(memory_format=contiguous_format)``), which no re-trace elides.
+* ``ExplicitPoolArgs``: ExecuTorch 1.4.1's XNNPACK MaxPool2d config reads ``node.args[2]`` (the
+  stride), which is absent when the model used the default stride (``F.max_pool2d(x, 2)``):
+  IndexError in ``to_edge_transform_and_lower`` (executorch#21488). Every default argument of the
+  pooling call is written out.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from .base import ProgramPass
+
+__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "CANONICALIZATIONS"]
+
+aten = torch.ops.aten
+
+_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+
+
+def _mutated_through(node: torch.fx.Node) -> bool:
+    """Whether a user writes into ``node``'s result (or a view of it): then it must stay a view."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        schema = getattr(user.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            for arg, value in zip(schema.arguments, user.args, strict=False):
+                if value is node and arg.alias_info is not None and arg.alias_info.is_write:
+                    return True
+        if user.target in _VIEWS and _mutated_through(user):
+            return True
+    return False
+
+
+def _finish(program: ExportedProgram) -> None:
+    program.graph_module.graph.lint()
+    program.graph_module.recompile()
+
+
+class ReshapeForView(ProgramPass):
+    """``view`` -> ``reshape`` (same values; a copy only where the strides need one)."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        for node in program.graph.nodes:
+            if node.op == "call_function" and node.target is aten.view.default and not _mutated_through(node):
+                node.target = aten.reshape.default
+                changed = True
+        if changed:
+            _finish(program)
+        return program
+
+
+class ContiguousAsCopy(ProgramPass):
+    """``contiguous()`` of a value traced non-contiguous -> the explicit copy it performed."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        for node in program.graph.nodes:
+            if node.op != "call_function" or node.target is not aten.contiguous.default:
+                continue
+            src = node.args[0]
+            val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            fmt = node.kwargs.get("memory_format", torch.contiguous_format)
+            if not isinstance(val, torch.Tensor) or fmt is not torch.contiguous_format:
+                continue
+            from torch.fx.experimental.symbolic_shapes import guard_or_true
+
+            if guard_or_true(val.is_contiguous()):
+                continue  # a no-op when traced: nothing to make explicit
+            node.target = aten.clone.default
+            node.kwargs = {"memory_format": torch.contiguous_format}
+            changed = True
+        if changed:
+            _finish(program)
+        return program
+
+
+_POOLS = {aten.max_pool2d.default: 2, aten.max_pool2d_with_indices.default: 2, aten.avg_pool2d.default: 2}
+
+
+def _pair(value: object, n: int) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    items = list(value)  # type: ignore[call-overload]
+    return items * n if len(items) == 1 else items
+
+
+class ExplicitPoolArgs(ProgramPass):
+    """Pooling calls with every default argument written out (stride = kernel when omitted)."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        for node in program.graph.nodes:
+            n = _POOLS.get(node.target) if node.op == "call_function" else None
+            if n is None:
+                continue
+            schema = node.target._schema
+            values = list(node.args) + [
+                node.kwargs[a.name] if a.name in node.kwargs else a.default_value
+                for a in schema.arguments[len(node.args) :]
+            ]
+            x, kernel, stride, padding = values[0], _pair(values[1], n), values[2], values[3]
+            stride = _pair(stride, n) if stride else list(kernel)
+            new = [x, kernel, stride, _pair(padding, n), *values[4:]]
+            if node.target is not aten.avg_pool2d.default:
+                new[4] = _pair(new[4], n)  # dilation
+            new_args = tuple(new)
+            if new_args != tuple(node.args) or node.kwargs:
+                node.args, node.kwargs = new_args, {}
+                changed = True
+        if changed:
+            _finish(program)
+        return program
+
+
+#: Run on every shared program by default (ExportOptions.canonicalize), in this order.
+CANONICALIZATIONS: tuple[ProgramPass, ...] = (ReshapeForView(), ContiguousAsCopy(), ExplicitPoolArgs())
