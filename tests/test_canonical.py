@@ -26,8 +26,9 @@ def _t5() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     from zoo.hf import HFWrapper
 
     torch.manual_seed(0)
-    cfg = transformers.T5Config(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2, vocab_size=100,
-                                use_cache=False)
+    cfg = transformers.T5Config(
+        d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2, vocab_size=100, use_cache=False
+    )
     model = HFWrapper(transformers.T5EncoderModel(cfg).eval(), ("input_ids",), 1).eval()
     return model, (torch.randint(0, 100, (1, 16)),)
 
@@ -53,8 +54,10 @@ class DashedNames(nn.Module):
         super().__init__()
         self.trunk = nn.Sequential()
         for i in range(2):
-            self.trunk.add_module(f"block1-{i}", nn.Sequential(nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1),
-                                                               nn.BatchNorm2d(8), nn.ReLU()))
+            self.trunk.add_module(
+                f"block1-{i}",
+                nn.Sequential(nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()),
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.trunk(x)
@@ -73,7 +76,9 @@ def _plain_onnx(model: nn.Module, args: tuple) -> None:
     import onnxruntime as ort
 
     program = torch.onnx.export(model, args, dynamo=True, verbose=False)
-    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args, strict=True)})
 
 
@@ -87,15 +92,27 @@ def _plain_xnnpack(model: nn.Module, args: tuple) -> None:
 
 
 CASES = {
-    "t5_encoder": (_t5, _plain_onnx, "torch.onnx 2.13 fails in run_decompositions on the T5 encoder: 'Cannot view "
-                   "a tensor with shape [1, 16, 4, 16] and strides (1024, 16, 256, 1)' (a view of the transposed "
-                   "decomposed SDPA output after contiguous() was dropped; pytorch#136543 and siblings)"),
-    "maxpool_default_stride": (_maxpool, _plain_xnnpack, "ExecuTorch 1.4.1 XNNPACK MaxPool2dConfig reads node.args[2] "
-                               "(the stride), absent with the default stride: IndexError in "
-                               "to_edge_transform_and_lower (executorch#21488)"),
-    "dashed_module_names": (_dashed, _plain_xnnpack, "ExecuTorch 1.4.1 FuseBatchNormPass names the fused weight "
-                            "with '-' kept but looks it up by FX's sanitized node name: ValueError "
-                            "'..._block1-0_0_weight_fused_bn' is not in list (torchvision RegNet)"),
+    "t5_encoder": (
+        _t5,
+        _plain_onnx,
+        "torch.onnx 2.13 fails in run_decompositions on the T5 encoder: 'Cannot view "
+        "a tensor with shape [1, 16, 4, 16] and strides (1024, 16, 256, 1)' (a view of the transposed "
+        "decomposed SDPA output after contiguous() was dropped; pytorch#136543 and siblings)",
+    ),
+    "maxpool_default_stride": (
+        _maxpool,
+        _plain_xnnpack,
+        "ExecuTorch 1.4.1 XNNPACK MaxPool2dConfig reads node.args[2] "
+        "(the stride), absent with the default stride: IndexError in "
+        "to_edge_transform_and_lower (executorch#21488)",
+    ),
+    "dashed_module_names": (
+        _dashed,
+        _plain_xnnpack,
+        "ExecuTorch 1.4.1 FuseBatchNormPass names the fused weight "
+        "with '-' kept but looks it up by FX's sanitized node name: ValueError "
+        "'..._block1-0_0_weight_fused_bn' is not in list (torchvision RegNet)",
+    ),
 }
 
 

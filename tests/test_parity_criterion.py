@@ -67,8 +67,13 @@ def _one_element(r: torch.Tensor) -> torch.Tensor:
     return a
 
 
-PLANTED = {"swapped-op": _swap_op, "broken-constant": _broken_constant, "masked-row": _masked_row,
-           "systematic-scale": _systematic, "one-element": _one_element}
+PLANTED = {
+    "swapped-op": _swap_op,
+    "broken-constant": _broken_constant,
+    "masked-row": _masked_row,
+    "systematic-scale": _systematic,
+    "one-element": _one_element,
+}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -102,8 +107,11 @@ class DeepCNN(torch.nn.Module):
         super().__init__()
         layers, c = [], 3
         for i, width in enumerate([32, 32, 64, 64, 64, 128, 128, 128, 256, 256, 256, 256]):
-            layers += [torch.nn.Conv2d(c, width, 3, stride=2 if i in (2, 5, 8) else 1, padding=1),
-                       torch.nn.BatchNorm2d(width), torch.nn.ReLU()]
+            layers += [
+                torch.nn.Conv2d(c, width, 3, stride=2 if i in (2, 5, 8) else 1, padding=1),
+                torch.nn.BatchNorm2d(width),
+                torch.nn.ReLU(),
+            ]
             c = width
         self.features = torch.nn.Sequential(*layers)
         self.head = torch.nn.Linear(256, 1000)

@@ -99,3 +99,84 @@ def test_within_one_quantization_step_of_quantized_eager(qres: dx.ExportResult) 
 def test_quantize_needs_calibration(tmp_path: pathlib.Path) -> None:
     with pytest.raises(dx.InputError, match="calibration"):
         dx.export(MLP(), (torch.randn(2, 16),), out_dir=tmp_path, quantize="int8")
+
+
+# ---------------------------------------------------------------- what int8 parity means
+def test_many_steps_inside_the_quantization_noise_pass_and_a_wrong_scale_fails() -> None:
+    """Known answers: an output several steps off in places (a deep network's compounded 1-LSB
+    roundings) passes when the runtime is still inside the reference's own quantization noise;
+    a doubled scale does not, whatever the reference noise."""
+    from dualexport.parity.tolerances import quantized_tolerance
+
+    g = torch.Generator().manual_seed(0)
+    step = 0.02
+    ref = torch.round(torch.randn(4, 1000, generator=g) * 2 / step) * step  # int8-valued logits
+    rounding = ref.clone()
+    idx = torch.randint(0, ref.numel(), (200,), generator=g)
+    rounding.view(-1)[idx] += step * torch.randint(-3, 4, (200,), generator=g).float()  # up to 3 steps
+    tol = quantized_tolerance(step, reference_snr_db=25.0)
+    assert not quantized_tolerance(step, reference_snr_db=None).judge(rounding * 1.3, ref).ok
+    m = tol.judge(rounding, ref)
+    assert m.max_abs > 2 * step and m.ok, m  # several steps, inside the noise
+    assert not tol.judge(ref * 2, ref).ok  # a wrong scale
+    assert not tol.judge(ref + 20 * step, ref).ok  # a wrong zero point (20 levels)
+
+
+def _planted(qres: dx.ExportResult, what: str) -> str:
+    """Edit the .onnx on disk: double the scale, or shift the zero point by 20 levels, of the
+    second convolution's weight dequantize (a parameter only that node reads; an activation's
+    scale is shared by its quantize and dequantize, and doubling both is only coarser rounding);
+    return the name of the value the edit changes."""
+    path = qres.artifacts["onnx"].path
+    model = onnx.load(str(path))
+    values = {i.name: i for i in model.graph.initializer}
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    node = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and "per_channel" in n.name][1]
+    name = node.input[1 if what == "scale" else 2]
+    if name in consts or name not in values:  # the zero point is a Cast of the stored int64 tensor
+        cast = next((n for n in model.graph.node if name in n.output and n.op_type == "Cast"), None)
+        name = cast.input[0] if cast is not None else name
+
+    def edit(arr: np.ndarray) -> np.ndarray:
+        return arr * 2 if what == "scale" else (arr.astype(np.int32) + 20).astype(arr.dtype)
+
+    if name in values:
+        values[name].CopyFrom(numpy_helper.from_array(edit(numpy_helper.to_array(values[name])), name))
+    else:
+        t = consts[name].attribute[0].t
+        t.CopyFrom(numpy_helper.from_array(edit(numpy_helper.to_array(t)), name))
+    onnx.save(model, str(path))
+    return node.output[0]
+
+
+@pytest.mark.parametrize("what", ["scale", "zero_point"])
+def test_planted_wrong_quantization_parameter_fails_and_is_localized(
+    what: str, tmp_path: pathlib.Path
+) -> None:
+    torch.manual_seed(0)
+    model = ConvBN().eval()
+    shape = (1, 3, 8, 8)
+    res = dx.export(
+        model,
+        (torch.randn(*shape),),
+        out_dir=tmp_path,
+        name="q",
+        cache=False,
+        quantize="int8",
+        calibration=_calibration(shape),
+    )
+    assert dx.compare(res).ok
+    assert (tmp_path / "q.float.pt2").is_file()  # the float model the noise is measured against
+    changed = _planted(res, what)
+    report = dx.compare(res)
+    assert not report.ok
+    assert report.first_divergence["xnnpack"] is None
+    assert report.first_divergence["onnx"] == changed, (report.first_divergence, changed)
+
+
+def test_int8_parity_from_disk_uses_the_saved_float_model(qres: dx.ExportResult) -> None:
+    from dualexport.parity.folder import compare_dir
+
+    report, _, werr, _ = compare_dir(qres.out_dir)
+    assert werr is None and report.ok
+    assert any("quantization noise" in t.source for o in report.outputs for t in o.tolerance.values())

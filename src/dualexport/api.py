@@ -189,4 +189,5 @@ def compare(
         steps=steps,
         decomposed=shared.decomposed,
         tolerance_overrides=tolerances,
+        float_program=shared.float_program,
     )

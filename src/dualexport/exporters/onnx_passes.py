@@ -41,6 +41,18 @@ def _rules() -> Any:
     return tuple(r for r in rewriter._DEFAULT_REWRITE_RULES if id(r) not in banned)
 
 
+def _keep_quantization(node: Any) -> bool | None:
+    """Never fold a (De)QuantizeLinear: folding the dequantize of a constant int8 weight would
+    store the weight as float and take the int8 kernels away from ONNX Runtime. Nor a Cast of a
+    stored tensor (an int64 zero point cast to int8): the file keeps the program's own bytes, and
+    ONNX Runtime folds the cast when it loads."""
+    if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
+        return False
+    if node.op_type == "Cast" and any(v is not None and v.is_initializer() for v in node.inputs):
+        return False
+    return None
+
+
 def optimize_for_ort(model: Any) -> dict[str, str]:
     """Run the pipeline on ``model`` (an ``onnx_ir.Model``) in place.
 
@@ -61,6 +73,7 @@ def optimize_for_ort(model: Any) -> dict[str, str]:
                     shape_inference=True,
                     input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                     output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+                    should_fold=_keep_quantization,
                 ),
                 rewriter.RewritePass(_rules()),
                 common.RemoveUnusedNodesPass(),

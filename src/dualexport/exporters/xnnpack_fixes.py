@@ -25,6 +25,7 @@ _MODULES = (
     "executorch.backends.xnnpack._passes.fuse_batch_norm",
     "executorch.backends.xnnpack._passes.decompose_batch_norm",
 )
+_NAME = "create_constant_placeholder"
 _LOCK = threading.Lock()
 _DEPTH = 0
 _ORIGINAL: dict[str, Any] = {}
@@ -48,9 +49,9 @@ def xnnpack_workarounds() -> Iterator[None]:
     with _LOCK:
         if _DEPTH == 0:
             for name in _MODULES:
-                module = importlib.import_module(name)
-                _ORIGINAL[name] = module.create_constant_placeholder
-                module.create_constant_placeholder = _sanitized(_ORIGINAL[name])
+                namespace = vars(importlib.import_module(name))
+                _ORIGINAL[name] = namespace[_NAME]
+                namespace[_NAME] = _sanitized(_ORIGINAL[name])
         _DEPTH += 1
     try:
         yield
@@ -59,5 +60,5 @@ def xnnpack_workarounds() -> Iterator[None]:
             _DEPTH -= 1
             if _DEPTH == 0:
                 for name, fn in _ORIGINAL.items():
-                    importlib.import_module(name).create_constant_placeholder = fn
+                    vars(importlib.import_module(name))[_NAME] = fn
                 _ORIGINAL.clear()

@@ -77,6 +77,15 @@ def _layer_norm(
     return y.reshape(x.shape)
 
 
+def _hardsigmoid(x: torch.Tensor) -> Any:
+    """``hardsigmoid`` as ``hardtanh(x + 3, 0, 6) / 6`` (ATen's own formula): its default
+    decomposition converts integer scalar constants to float, which XNNPACK does not take
+    (MobileNetV3's squeeze-excitation)."""
+    if x.dtype != torch.float32:
+        return NotImplemented
+    return aten.hardtanh.default(x + 3.0, 0.0, 6.0) / 6.0
+
+
 # ------------------------------------------------------------------------------- reductions
 def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """``mean`` over the innermost one or two dims as XNNPACK's global average pooling: the
@@ -99,6 +108,23 @@ def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *,
         else [1 if i in axes else s for i, s in enumerate(x.shape)]
     )
     return pooled.reshape(out_shape)
+
+
+def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
+    """Adaptive average pooling whose windows tile the input exactly: to 1x1 a global average
+    (``mean.dim`` over (2, 3), kept), otherwise ``avg_pool2d`` with kernel = stride = in/out.
+    Its default decomposition goes through ``as_strided`` on channels-last inputs (ConvNeXt),
+    which XNNPACK does not take."""
+    if x.dtype != torch.float32 or x.dim() != 4 or not _static(x.shape):
+        return NotImplemented
+    oh, ow = (list(output_size) * 2)[:2] if len(output_size) == 1 else list(output_size)
+    h, w = x.shape[2], x.shape[3]
+    if (oh, ow) == (1, 1):
+        return aten.mean.dim(x, [2, 3], True)
+    if not oh or not ow or h % oh or w % ow:
+        return NotImplemented
+    k = [h // oh, w // ow]
+    return aten.avg_pool2d.default(x, k, k, [0, 0], False, False)
 
 
 # ------------------------------------------------------------------------------- attention
@@ -237,6 +263,24 @@ def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> Any:
     return aten.cat.default(parts, dim)
 
 
+def _roll(x: torch.Tensor, shifts: Sequence[int], dims: Sequence[int] = ()) -> Any:
+    """``roll`` as slices and a ``cat`` per rolled dim (static shapes): its default
+    decomposition gathers with computed indices (``index_select``), which XNNPACK does not take
+    (Swin Transformer's shifted windows)."""
+    shifts, dims = list(shifts), list(dims)
+    if not dims or len(shifts) != len(dims) or not _static(x.shape):
+        return NotImplemented
+    for shift, dim in zip(shifts, dims, strict=True):
+        dim = dim % x.dim()
+        n = x.shape[dim]
+        k = shift % n
+        if k:
+            x = aten.cat.default(
+                [aten.slice.Tensor(x, dim, n - k, n), aten.slice.Tensor(x, dim, 0, n - k)], dim
+            )
+    return x
+
+
 def _alias(x: torch.Tensor) -> Any:
     """``alias`` (an identity view) as a same-shape ``view``."""
     if not _static(x.shape):
@@ -280,10 +324,18 @@ views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.split_with_sizes.default: _split_with_sizes,
     aten.split.Tensor: _split,
     aten.alias.default: _alias,
+    aten.roll.default: _roll,
     aten.cat.default: _cat,
 }
-elementwise: dict[Any, Callable[..., Any]] = {aten.pow.Tensor_Scalar: _pow}
-mean_as_global_pool: dict[Any, Callable[..., Any]] = {aten.mean.dim: _mean}
+elementwise: dict[Any, Callable[..., Any]] = {
+    aten.pow.Tensor_Scalar: _pow,
+    aten.hardsigmoid.default: _hardsigmoid,
+}
+mean_as_global_pool: dict[Any, Callable[..., Any]] = {
+    aten.mean.dim: _mean,
+    aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+    aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+}
 REWRITES: dict[str, dict[Any, Callable[..., Any]]] = {
     "layer_norm": decompose_layer_norm,
     "mean": mean_as_global_pool,

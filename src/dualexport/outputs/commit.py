@@ -51,6 +51,7 @@ KNOWN_SUFFIXES = (
     ".pte",
     ".weights.json",
     ".pt2",
+    ".float.pt2",
     ".inputs.npz",
     ".delegation.json",
     ".delegation.md",

@@ -17,7 +17,7 @@ from ..runtimes.eager import EagerRunner
 from ..shared_state.contract import check_input_shapes, flatten_inputs, is_stateful
 from ..shared_state.fingerprint import ranges_kept
 from .report import Divergence, OutputParity, ParityReport
-from .tolerances import quantized_tolerance, tolerance_for
+from .tolerances import quantized_node_tolerance, quantized_tolerance, tolerance_for
 
 __all__ = ["run_parity", "InputSet", "error_histogram"]
 
@@ -43,6 +43,17 @@ def error_histogram(
     return edges, tuple(int(c) for c in counts)
 
 
+def _quantization_noise(quantized: list[torch.Tensor], floats: list[torch.Tensor]) -> dict[int, float]:
+    """Per output, the SNR (dB) of the int8 reference against the float model it approximates."""
+    from .metrics import compute_metrics
+
+    out = {}
+    for i, (q, f) in enumerate(zip(quantized, floats, strict=False)):
+        if q.dtype.is_floating_point and q.shape == f.shape:
+            out[i] = compute_metrics(q, f.to(q.dtype), rtol=0.0, atol=0.0).snr_db
+    return out
+
+
 def run_parity(
     program: ExportedProgram,
     artifacts: Mapping[str, pathlib.Path],
@@ -54,9 +65,12 @@ def run_parity(
     tolerance_overrides: Mapping[int, tuple[float, float]] | None = None,
     decomposed: Mapping[str, ExportedProgram] | None = None,
     localize: bool = True,
+    float_program: ExportedProgram | None = None,
 ) -> ParityReport:
     """Every (input set, step, output) compared for every runtime against eager, and runtime vs
-    runtime. A stateful program is run ``steps`` times from a fresh state for each input set."""
+    runtime. A stateful program is run ``steps`` times from a fresh state for each input set.
+    For an int8 program, ``float_program`` (what it was quantized from) measures the reference's
+    own quantization noise, the yardstick of its outputs (``quantized_tolerance``)."""
     if steps < 1:
         raise ParityError(f"steps must be >= 1, got {steps}")
     runtimes = tuple(artifacts)
@@ -77,10 +91,15 @@ def run_parity(
         raise ParityError("no input set to compare", hint="pass the example inputs at least")
     stateful = is_stateful(program)
     eager = EagerRunner(program, *input_sets[0][1:])
+    floats = (
+        EagerRunner(float_program, *input_sets[0][1:]) if float_program is not None and quant_steps else None
+    )
     runners: dict[str, Any] = {}
     for index, ((set_label, _args, _kwargs), flat) in enumerate(zip(input_sets, flats, strict=True)):
         if index and stateful:
             eager.reset()
+            if floats is not None:
+                floats.reset()
         for rt, path in artifacts.items():
             if rt in errors or (rt in runners and not stateful):
                 continue
@@ -90,6 +109,7 @@ def run_parity(
                 errors[rt] = str(exc)
         for step in range(steps):
             ref = eager.run(flat)
+            noise = _quantization_noise(ref, floats.run(flat)) if floats is not None else {}
             got: dict[str, list[torch.Tensor]] = {}
             for rt, runner in runners.items():
                 if rt in errors:
@@ -108,7 +128,7 @@ def run_parity(
                 for rt, outs in got.items():
                     o_rtol, o_atol = (tolerance_overrides or {}).get(i, (rtol, atol))
                     if i in quant_steps and o_rtol is None and o_atol is None:
-                        tol = quantized_tolerance(quant_steps[i])  # one step of the output
+                        tol = quantized_tolerance(quant_steps[i], noise.get(i))
                     else:
                         tol = tolerance_for(rt, r.dtype, rtol=o_rtol, atol=o_atol)
                     a = outs[i]
@@ -198,4 +218,9 @@ def _localize(
         logger.warning(
             "localizing %s narrowed the program's ranges (%s); restored", runtime, "; ".join(narrowed)
         )
-    return first_divergence(program, reference, runtime, observed, name_map, rtol=rtol, atol=atol)
+    from ..shared_state.quantize import is_quantized
+
+    node_tol = quantized_node_tolerance() if is_quantized(program) and rtol is None and atol is None else None
+    return first_divergence(
+        program, reference, runtime, observed, name_map, rtol=rtol, atol=atol, node_tolerance=node_tol
+    )

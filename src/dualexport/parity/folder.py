@@ -236,5 +236,13 @@ def compare_dir(
         sets += extra_input_sets(program, flat, inputs, generate)
         if edges:
             sets += edge_input_sets(program, flat)
-        report = run_parity(program, artifacts, sets, rtol=rtol, atol=atol, steps=steps)
+        float_path = folder / f"{name}.float.pt2"  # an int8 export's float model (its noise yardstick)
+        float_program = (
+            load_program(safe_child(folder, float_path.name, what="the float reference"))
+            if float_path.is_file()
+            else None
+        )
+        report = run_parity(
+            program, artifacts, sets, rtol=rtol, atol=atol, steps=steps, float_program=float_program
+        )
     return report, check, werr, name

@@ -24,7 +24,7 @@ from torch.export.graph_signature import InputKind
 from ..shared_state.nodes import op_name, user_frame
 from .metrics import Metrics
 from .report import Divergence
-from .tolerances import tolerance_for
+from .tolerances import Tolerance, tolerance_for
 
 __all__ = ["reference_values", "onnx_values", "xnnpack_values", "first_divergence", "shared_name_map"]
 
@@ -157,6 +157,7 @@ def first_divergence(
     *,
     rtol: float | None = None,
     atol: float | None = None,
+    node_tolerance: Tolerance | None = None,
 ) -> Divergence | None:
     """Walk the shared program in order; the first node whose runtime value is out of tolerance."""
     by_shared: dict[str, torch.Tensor] = {}
@@ -173,7 +174,7 @@ def first_divergence(
         ref = reference[node.name]
         if not ref.dtype.is_floating_point:
             continue
-        tol = tolerance_for(runtime, ref.dtype, rtol=rtol, atol=atol)
+        tol = node_tolerance or tolerance_for(runtime, ref.dtype, rtol=rtol, atol=atol)
         m = tol.judge(by_shared[node.name].to(ref.dtype), ref)
         curve.append((node.name, m.max_abs))
         if first is None and not m.ok:

@@ -201,6 +201,8 @@ def _write_side_files(
 ) -> None:
     atomic_write_text(set_dir / f"{name}.weights.json", manifest.to_json())
     shared.save(str(set_dir / f"{name}.pt2"))
+    if shared.float_program is not None:  # an int8 export: the float model its noise is measured against
+        torch.export.save(shared.float_program, str(set_dir / f"{name}.float.pt2"))
     save_inputs(set_dir / f"{name}.inputs.npz", example)
     xnn = published.get("xnnpack")
     if xnn is not None and xnn.delegation is not None:

@@ -133,6 +133,9 @@ class SharedProgram:
         self._weights: dict[str, str] | None = None
         self.dynamic_shapes: Any = None
         self.quantization: dict[str, Any] | None = None
+        #: for an int8 export, the float program it was quantized from (the model's own tensors,
+        #: no copy): parity measures the reference's own quantization noise against it
+        self.float_program: ExportedProgram | None = None
 
     # ------------------------------------------------------------------ capture
     @classmethod

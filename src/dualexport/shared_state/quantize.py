@@ -20,7 +20,7 @@ import torch
 
 from ..errors import InputError, TransformError
 
-__all__ = ["quantize_shared", "output_quant_steps"]
+__all__ = ["is_quantized", "quantize_shared", "output_quant_steps"]
 
 
 def _calibration_sets(calibration: Iterable[Any]) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -88,7 +88,9 @@ def quantize_shared(shared: Any, scheme: str, calibration: Iterable[Any] | None)
                 hint="quantize a model without data-dependent control flow",
             ) from exc
 
+    float_program = shared.exported_program
     shared.apply_transforms([ProgramTransform(pt2e_int8, name="pt2e-int8 (XNNPACKQuantizer, per-channel)")])
+    shared.float_program = float_program
     shared.quantization = {
         "scheme": "int8",
         "quantizer": "XNNPACKQuantizer symmetric per-channel",
@@ -96,6 +98,14 @@ def quantize_shared(shared: Any, scheme: str, calibration: Iterable[Any] | None)
         "seconds": round(time.perf_counter() - start, 3),
     }
     shared.note(f"quantized to int8 with PT2E on {len(sets)} calibration input(s)")
+
+
+def is_quantized(program: torch.export.ExportedProgram) -> bool:
+    """Whether the program holds quantize/dequantize ops (an int8 export)."""
+    return any(
+        n.op == "call_function" and str(n.target).startswith("quantized_decomposed.")
+        for n in program.graph.nodes
+    )
 
 
 _DEQUANT = ("quantized_decomposed.dequantize_per_tensor", "quantized_decomposed.dequantize_per_channel")

@@ -17,7 +17,8 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
 * ``ExplicitPoolArgs``: ExecuTorch 1.4.1's XNNPACK MaxPool2d config reads ``node.args[2]`` (the
   stride), which is absent when the model used the default stride (``F.max_pool2d(x, 2)``):
   IndexError in ``to_edge_transform_and_lower`` (executorch#21488). Every default argument of the
-  pooling call is written out.
+  pooling call is written out; an average pool without padding says ``count_include_pad=False``
+  (the same average: there is no padding to count), the only form XNNPACK takes.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ class ExplicitPoolArgs(ProgramPass):
             new = [x, kernel, stride, _pair(padding, n), *values[4:]]
             if node.target is not aten.avg_pool2d.default:
                 new[4] = _pair(new[4], n)  # dilation
+            else:
+                if not any(new[3]):
+                    new[5] = False  # count_include_pad means nothing without padding
+                if new[6] is None:
+                    new = new[:6]  # no divisor override
             new_args = tuple(new)
             if new_args != tuple(node.args) or node.kwargs:
                 node.args, node.kwargs = new_args, {}
