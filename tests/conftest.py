@@ -10,14 +10,14 @@ import sys
 import types
 import warnings
 
+import pytest
+import torch
+
 # torchvision 0.28.0 (the release for torch 2.13) is published as a CUDA build only: its compiled
 # ops do not load against the CPU torch, and ``import torchvision`` fails in its meta
 # registrations ("operator torchvision::nms does not exist"), which breaks transformers too (it
 # imports torchvision when present). The model definitions are pure Python and need none of it.
 sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
-
-import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
