@@ -2,7 +2,8 @@
 against the plain path (torch.onnx.export on the module + a separate torch.export and
 to_edge_transform_and_lower + to_executorch), side by side: dx.export as it was before pruning and
 forking (serial, every XNNPACK backend pass), with pruned backend passes only, with pruning and the
-forked XNNPACK worker (the default when a core is free), and with ``optimize=True``.
+forked XNNPACK worker (the default when a core is free; every default pass on), and with every
+pass off (``optimize=False``).
 
 Usage: python bench/bench_export_time.py
 """
@@ -39,7 +40,7 @@ def main() -> None:
             "dx.export serial, all backend passes": lambda: dx.export(
                 model, args, out_dir=out / "old", name="m", strict=True, cache=False, options=before
             ),
-            "dx.export (pruned, forked XNNPACK)": lambda: dx.export(
+            "dx.export default (passes, pruned, forked)": lambda: dx.export(
                 model,
                 args,
                 out_dir=out / "dx",
@@ -48,7 +49,7 @@ def main() -> None:
                 cache=False,
                 options=ExportOptions(parallel=True),
             ),
-            "dx.export serial, pruned": lambda: dx.export(
+            "dx.export default, serial": lambda: dx.export(
                 model,
                 args,
                 out_dir=out / "ser",
@@ -57,14 +58,14 @@ def main() -> None:
                 cache=False,
                 options=ExportOptions(parallel=False),
             ),
-            "dx.export optimize=True (pruned, forked)": lambda: dx.export(
+            "dx.export every pass off (pruned, forked)": lambda: dx.export(
                 model,
                 args,
                 out_dir=out / "opt",
                 name="m",
                 strict=True,
                 cache=False,
-                optimize=True,
+                optimize=False,
                 options=ExportOptions(parallel=True),
             ),
         }

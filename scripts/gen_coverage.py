@@ -19,9 +19,12 @@ import pathlib
 import sys
 import tempfile
 import time
+import types
 import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# torchvision's model definitions without its CUDA-only compiled ops (see tests/conftest.py)
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -30,6 +33,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hf", action="store_true", help="include the Hugging Face cases (slow)")
+    parser.add_argument("--vision", action="store_true", help="include the torchvision classifiers (slow)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "docs" / "coverage.md")
     parser.add_argument(
         "--check", action="store_true", help="compare the stable columns with --out instead of writing it"
@@ -48,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from zoo.hf import HF_CASES
 
         cases += list(HF_CASES)
+    if ns.vision:
+        from zoo.vision import VISION_CASES
+
+        cases += list(VISION_CASES)
     if ns.case:
         cases = [c for c in cases if c.name in ns.case]
     rows = []
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.cells['status']}: {r.cells['note']}",
             file=sys.stderr,
         )
-    command = "scripts/gen_coverage.py" + (" --hf" if ns.hf else "")
+    command = "scripts/gen_coverage.py" + (" --hf" if ns.hf else "") + (" --vision" if ns.vision else "")
     text = render(rows, cases, library_versions(), command)
     if ns.check:
         committed = {r.cells["case"] + "/" + r.cells["target"]: r.stable() for r in parse(ns.out.read_text())}

@@ -97,12 +97,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_pruned_lowering_is_byte_identical(runs: dict, name: str) -> None:
     pruned, full, _ = runs[name]
     assert _sha(pruned) == _sha(full), f"{name}: pruning changed the .pte"
 
 
+@pytest.mark.slow
 def test_every_prunable_pass_runs_and_is_skipped_somewhere(runs: dict, tmp_path: pathlib.Path) -> None:
     ran: collections.Counter[str] = collections.Counter()
     skipped: collections.Counter[str] = collections.Counter()

@@ -48,5 +48,5 @@ def test_coverage_table_matches_a_fresh_hf_run(hf_dir: pathlib.Path) -> None:
             key = (case.name, fresh.cells["target"])
             assert rows.get(key) == fresh.stable(), (
                 f"{key}: docs/coverage.md {rows.get(key)}, this run {fresh.stable()} "
-                f"(columns {STABLE_COLUMNS}); regenerate with scripts/gen_coverage.py --hf"
+                f"(columns {STABLE_COLUMNS}); regenerate with scripts/gen_coverage.py --hf --vision"
             )

@@ -74,12 +74,18 @@ def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: path
     assert "aten.layer_norm.default" in shared_ops
     xnn_ops = {str(n.target) for n in res.program.decomposed["xnnpack"].graph.nodes}
     assert not any("layer_norm" in op for op in xnn_ops), xnn_ops
-    assert [p.name for p in res.program.passes] == ["ReshapeForView", "ExplicitPoolArgs", "FoldConstants"]
+    assert [p.name for p in res.program.passes] == [
+        "ReshapeForView",
+        "ContiguousAsCopy",
+        "ExplicitPoolArgs",
+        "FoldConstants",
+    ]
     assert res.manifest.artifacts["xnnpack"]["cache_key"] != ""
     for dec in res.program.decomposed.values():
         assert dec.state_dict is res.program.state_dict
 
 
+@pytest.mark.slow
 def test_passes_are_on_by_default_and_optimize_false_turns_them_off(tmp_path: pathlib.Path) -> None:
     """The dynamic encoder: fewer subgraphs than with every pass off, and both proven."""
     case = _BY_NAME["transformer_encoder"]

@@ -52,12 +52,13 @@ def _committed_rows() -> dict[tuple[str, str], dict[str, str]]:
 
 
 def test_coverage_table_lists_the_catalogue() -> None:
-    """docs/coverage.md has exactly one row per (case, target) of the zoo and the HF catalogue,
-    with the status the catalogue expects and the subgraph count it declares."""
+    """docs/coverage.md has exactly one row per (case, target) of the zoo, the HF and the vision
+    catalogues, with the status the catalogue expects and the subgraph count it declares."""
     from zoo.hf import HF_CASES
+    from zoo.vision import VISION_CASES
 
     rows = _committed_rows()
-    cases = ZOO + HF_CASES
+    cases = ZOO + HF_CASES + VISION_CASES
     assert set(rows) == {(c.name, t) for c in cases for t in TARGETS}
     for c in cases:
         for t in TARGETS:
@@ -79,7 +80,7 @@ def test_coverage_table_matches_a_fresh_zoo_run(zoo_dir: pathlib.Path) -> None:
             assert fresh.stable() == tuple(committed[c] for c in _STABLE), (
                 f"{case.name}/{fresh.cells['target']}: docs/coverage.md says "
                 f"{[committed[c] for c in _STABLE]}, this run {list(fresh.stable())}; "
-                "regenerate with scripts/gen_coverage.py --hf"
+                "regenerate with scripts/gen_coverage.py --hf --vision"
             )
 
 

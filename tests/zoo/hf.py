@@ -40,17 +40,22 @@ class HFWrapper(nn.Module):
 
 
 def _build(
-    config_cls: str, model_cls: str, input_names: tuple[str, ...], n_out: int = 1, **config: Any
+    config_cls: str,
+    model_cls: str,
+    input_names: tuple[str, ...],
+    n_out: int = 1,
+    attention: str = "eager",
+    **config: Any,
 ) -> Callable[[], nn.Module]:
-    """A factory: import lazily (transformers is heavy), build from config with eager attention
-    (the path every exporter supports; SDPA is exercised by the hand-written zoo)."""
+    """A factory: import lazily (transformers is heavy), build from config, with eager attention
+    by default (the path every exporter supports) or ``attention="sdpa"`` (transformers' default)."""
 
     def factory() -> nn.Module:
         import transformers
 
         cfg = getattr(transformers, config_cls)(**config)
         cfg.use_cache = False
-        cfg._attn_implementation = "eager"
+        cfg._attn_implementation = attention
         model = getattr(transformers, model_cls)(cfg).eval()
         return HFWrapper(model, input_names, n_out)
 
@@ -102,7 +107,7 @@ HF_CASES: tuple[Case, ...] = (
         description="BertModel (2 layers, hidden 32) with a padding mask; outputs "
         "last_hidden_state and pooler_output",
         onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
-        xnnpack_subgraphs=10,
+        xnnpack_subgraphs=1,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,
@@ -124,7 +129,7 @@ HF_CASES: tuple[Case, ...] = (
         lambda: ((_ids(100),), {}),
         description="GPT2LMHeadModel (2 layers, n_embd 32), causal mask, tied LM head; logits",
         onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
-        xnnpack_subgraphs=15,
+        xnnpack_subgraphs=2,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,
@@ -148,7 +153,7 @@ HF_CASES: tuple[Case, ...] = (
         lambda: ((torch.randn(1, 3, 32, 32),), {}),
         description="ViTModel (2 layers, 32x32 image, patch 8); last_hidden_state",
         onnx_ops=frozenset({"Conv", "Softmax"}),
-        xnnpack_subgraphs=9,
+        xnnpack_subgraphs=1,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR | _CONV,
         slow=True,
@@ -160,7 +165,7 @@ HF_CASES: tuple[Case, ...] = (
         lambda: ((_ids(100),), {}),
         description="LlamaForCausalLM (2 layers, GQA 2:1, rotary inv_freq buffer, RMSNorm); logits",
         onnx_ops=frozenset({"Softmax", "Cos", "Sin"}),
-        xnnpack_subgraphs=14,
+        xnnpack_subgraphs=1,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,
@@ -211,7 +216,7 @@ HF_CASES: tuple[Case, ...] = (
         description="Wav2Vec2Model (audio: conv feature encoder with GroupNorm, positional conv, "
         "2 transformer layers) on 400 raw samples",
         onnx_ops=frozenset({"Conv", "Softmax"}),
-        xnnpack_subgraphs=12,
+        xnnpack_subgraphs=3,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,
@@ -240,7 +245,7 @@ HF_CASES: tuple[Case, ...] = (
         description="Whisper encoder + classification head (audio: log-mel 16 bins x 32 frames, "
         "conv stem, 2 layers); logits",
         onnx_ops=frozenset({"Conv", "Softmax"}),
-        xnnpack_subgraphs=11,
+        xnnpack_subgraphs=2,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR | _CONV,
         slow=True,
@@ -255,7 +260,7 @@ HF_CASES: tuple[Case, ...] = (
         dynamic_shapes=lambda: {"inputs": ({1: _SEQ}, {1: _SEQ})},
         extra_inputs=_bert_seq_sets,
         onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
-        xnnpack_subgraphs=20,
+        xnnpack_subgraphs=18,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,
@@ -281,7 +286,58 @@ HF_CASES: tuple[Case, ...] = (
         dynamic_shapes=lambda: (({1: _SEQ},),),
         extra_inputs=_gpt2_seq_sets,
         onnx_ops=frozenset({"LayerNormalization", "Softmax"}),
-        xnnpack_subgraphs=26,
+        xnnpack_subgraphs=24,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_t5_encoder",
+        _build(
+            "T5Config",
+            "T5EncoderModel",
+            ("input_ids",),
+            1,
+            attention="sdpa",
+            d_model=64,
+            d_kv=16,
+            num_heads=4,
+            d_ff=128,
+            num_layers=2,
+            vocab_size=100,
+        ),
+        lambda: ((_ids(100, 1, 16),), {}),
+        description="T5 encoder (2 layers, d_model 64, SDPA attention with relative position bias); "
+        "plain torch.onnx fails on it (tests/test_canonical.py)",
+        onnx_ops=frozenset({"Softmax"}),
+        xnnpack_subgraphs=5,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_mobilebert",
+        _build(
+            "MobileBertConfig",
+            "MobileBertModel",
+            ("input_ids", "attention_mask"),
+            1,
+            hidden_size=64,
+            embedding_size=32,
+            intra_bottleneck_size=32,
+            true_hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=100,
+            max_position_embeddings=32,
+        ),
+        lambda: ((_ids(100), _mask()), {}),
+        description="MobileBERT (2 layers, bottlenecks 32, NoNorm, padding mask); last_hidden_state",
+        onnx_ops=frozenset({"Softmax", "Gather"}),
+        xnnpack_subgraphs=1,
         xnnpack_allowed_non_delegated=None,
         xnnpack_must_delegate=_LINEAR,
         slow=True,

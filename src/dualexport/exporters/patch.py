@@ -77,8 +77,11 @@ def plan_patch(
             return None  # not stored as-is, or one stored copy serves several weights
         if not loc.where.startswith(_PATCHABLE[target]):
             return None  # e.g. a .pte constant buffer outside the delegate: no patcher
-        if target == "xnnpack" and (e.sha256 in now or now[digests[e.name]] != 1):
-            return None  # the old or the new bytes are also another weight's: one shared entry
+        if e.sha256 in now or now[digests[e.name]] != 1:
+            # The old or the new bytes are also another weight's: XNNPACK keys named data by
+            # content and the ONNX pipeline deduplicates equal initializers, so a fresh lowering
+            # stores them once, which rewriting one place cannot reproduce.
+            return None
         changes.append(
             Change(e.name, loc.where, e.sha256, digests[e.name], bytes(tensor_bytes(tensors[e.name])))
         )
