@@ -96,6 +96,7 @@ def export(
     optimize: bool = True,
     cache: bool = True,
     options: ExportOptions | None = None,
+    bundle: bool = False,
 ) -> ExportResult:
     """Trace once, transform once, run one job per target from the one shared program, and
     commit ``<name>.onnx`` / ``<name>.pte`` / ``<name>.weights.json`` (and side files) into
@@ -104,7 +105,9 @@ def export(
     A failing target does not stop the others (its error is in ``res.errors``, and none of its
     files is published) unless ``strict=True``, which raises the first target error and commits
     nothing. ``optimize=False`` turns every dualexport pass off (``ExportOptions.plain()``): the
-    programs the plain libraries would lower, canonicalizations included.
+    programs the plain libraries would lower, canonicalizations included. ``bundle=True`` also
+    writes self-test bundles (``<name>.bpte``, ``<name>_onnx_tests/``) that
+    ``dualexport selftest DIR`` and a device run.
     """
     targets = normalize_targets(target)
     validate_export_request(
@@ -129,6 +132,7 @@ def export(
             calibration=calibration,
             options=_options(options, optimize),
             require_full_delegation=require_full_delegation,
+            bundle=bundle,
         )
         errors = {t: o.error for t, o in done.outcomes.items() if isinstance(o, Failed)}
         if strict and errors:

@@ -136,6 +136,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             name=ns.name,
             strict=ns.strict,
             optimize=not ns.plain,
+            bundle=ns.bundle,
         )
     for t, art in res.artifacts.items():
         out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
@@ -191,6 +192,19 @@ def _cmd_compare(ns: argparse.Namespace) -> int:
     if ns.html:
         report.save_html(pathlib.Path(ns.dir) / f"{name}.parity.html")
     return EXIT_OK if report.ok and werr is None else EXIT_CHECK_FAILED
+
+
+def _cmd_selftest(ns: argparse.Namespace) -> int:
+    from .parity.selftest import run_selftest
+
+    out = console()
+    report, name = run_selftest(pathlib.Path(ns.dir), name=ns.name)
+    print_parity(out, report)
+    for o in report.outputs:
+        for rt, m in o.metrics.items():
+            if not m.ok:
+                out.print(f"[red]{rt}: {o.label} differs from eager's recorded output[/]", markup=True)
+    return EXIT_OK if report.ok else EXIT_CHECK_FAILED
 
 
 def _print_causes(exc: BaseException) -> None:
@@ -252,6 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
         "own pipeline): the programs the plain libraries would lower",
     )
     e.add_argument("--optimize", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2
+    e.add_argument(
+        "--bundle",
+        action="store_true",
+        help="also write self-test bundles (<name>.bpte, <name>_onnx_tests/) for the device",
+    )
     e.set_defaults(func=_cmd_export)
     c = sub.add_parser(
         "compare",
@@ -275,6 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--html", action="store_true", help="also write <name>.parity.html")
     c.set_defaults(func=_cmd_compare)
+    t = sub.add_parser(
+        "selftest",
+        help="run the self-test bundles of a folder (written by export --bundle)",
+        parents=[common],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("dir")
+    t.add_argument("--name", default=None, help="which export in the folder (default: the only one)")
+    t.set_defaults(func=_cmd_selftest)
     return p
 
 

@@ -60,10 +60,22 @@ class DualExportError(Exception):
             text = f"{text}\nWhat to try: {hint}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuilt as it is (class, text, fields): it crosses a process boundary intact (a
+        runtime in a child process, a forked lowering), whatever the subclass's constructor."""
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
     @property
     def internal(self) -> bool:
         """True when dualexport (or a library it drives) is at fault, not the user's input."""
         return isinstance(self, InternalError)
+
+
+def _rebuild(cls: type[DualExportError], args: tuple[Any, ...], state: dict[str, Any]) -> DualExportError:
+    obj = cls.__new__(cls)
+    Exception.__init__(obj, *args)
+    obj.__dict__.update(state)
+    return obj
 
 
 def _describe(node: Any) -> str:

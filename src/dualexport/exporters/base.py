@@ -20,6 +20,14 @@ class ExportOptions:
     """Options a target may read; defaults are what a careful user would pick."""
 
     external_data_threshold: int = 1024  # bytes: larger ONNX initializers go to <name>.onnx.data
+    #: ONNX weights in <name>.onnx.data: None (default) by ``external_data_threshold`` per
+    #: initializer; False keeps them inline (up to the 2 GB protobuf limit: past it they go
+    #: external whatever this says); True as None
+    onnx_external_data: bool | None = None
+    #: XNNPACK weights in <name>.ptd beside the .pte (ExecuTorch's program-data separation):
+    #: None (default) when the weights reach ``external_weights_above`` bytes, or True / False
+    xnnpack_external_data: bool | None = None
+    external_weights_above: int = 256 << 20
     onnx_opset: int | None = None
     #: skip XNNPACK backend passes that cannot act on a subgraph (byte-identical .pte, faster)
     prune_backend_passes: bool = True

@@ -15,10 +15,11 @@ keeps the translated graph as it is (only dead nodes and unused initializers rem
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import pathlib
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch.export import ExportedProgram
@@ -35,10 +36,21 @@ logger = logging.getLogger(__name__)
 _SKIP_OPS = {"getitem"}
 
 
-def _registry():
+def target_opset(options: ExportOptions | None) -> int:
+    """The opset of the file: the option, else torch.onnx.export's default (20: Gelu and the
+    other fused ops ONNX Runtime runs as one kernel; torchlib's own floor, 18, decomposes them)."""
+    from torch.onnx import _constants
+
+    return (options.onnx_opset if options is not None else None) or _constants.ONNX_DEFAULT_OPSET
+
+
+@functools.lru_cache(maxsize=4)
+def _registry(opset: int = 18) -> Any:
+    """torch.onnx's translation table for ``opset`` (torchlib translates from 18 up; lower
+    opsets are reached by converting the model afterwards, as torch.onnx.export does)."""
     from torch.onnx._internal.exporter import _registration
 
-    return _registration.ONNXRegistry.from_torchlib()
+    return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18))
 
 
 def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.Node]:
@@ -100,14 +112,8 @@ class OnnxExporter:
     target: ClassVar[str] = "onnx"
     suffix: ClassVar[str] = ".onnx"
 
-    def __init__(self) -> None:
-        self._reg = None
-
-    @property
-    def registry(self):
-        if self._reg is None:
-            self._reg = _registry()
-        return self._reg
+    def registry(self, options: ExportOptions | None = None) -> Any:
+        return _registry(target_opset(options))
 
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return unused_weight_notes(decomposed)
@@ -120,12 +126,12 @@ class OnnxExporter:
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         from torch.onnx._internal.exporter import _core
 
-        dec = _core._prepare_exported_program_for_export(program, registry=self.registry)
+        dec = _core._prepare_exported_program_for_export(program, registry=self.registry(options))
         _make_state_explicit(dec)
         return dec
 
     def _diagnose(self, decomposed: ExportedProgram, exc: BaseException) -> OnnxLoweringError:
-        missing = unsupported_nodes(decomposed, self.registry)
+        missing = unsupported_nodes(decomposed, self.registry())
         if missing:
             where = "; ".join(describe_node(n) for n in missing[:5])
             more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -152,7 +158,9 @@ class OnnxExporter:
         from torch.onnx._internal.exporter import _core
 
         try:
-            onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=self.registry)
+            onnx_program = _core._exported_program_to_onnx_program(
+                decomposed, registry=self.registry(options)
+            )
         except Exception as exc:
             raise self._diagnose(decomposed, exc) from exc
         model = onnx_program.model
@@ -161,10 +169,10 @@ class OnnxExporter:
             for k, v in model.graph.initializers.items()
             if isinstance(raw := getattr(v.const_value, "raw", None), torch.Tensor)
         }
-        if options.onnx_opset is not None:
+        if target_opset(options) < 18:
             from onnxscript import version_converter
 
-            version_converter.convert_version(model, options.onnx_opset)
+            version_converter.convert_version(model, target_opset(options))
         state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
         for item in state:
             # The state input defaults to the buffer's initial value (an initializer of the same

@@ -159,25 +159,47 @@ def _named_offsets(path: pathlib.Path) -> dict[str, tuple[int, int]]:
     return offsets  # the read-only mapping goes with its last view
 
 
+def _rename(data: mmap.mmap, old: bytes, new: bytes) -> int:
+    """Replace every occurrence of ``old`` by ``new`` (same length) in place; how many."""
+    pos, renamed = data.find(old), 0
+    while pos != -1:
+        data[pos : pos + len(old)] = new
+        renamed += 1
+        pos = data.find(old, pos + len(old))
+    return renamed
+
+
 def _patch_pte(path: pathlib.Path, changes: list[Change]) -> None:
-    offsets = _named_offsets(path)
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
+    """Write the new bytes where the named data sits (the .pte's own segments, or its data file
+    ``<stem>.ptd``), then rename the key (the sha256 of the bytes) everywhere it occurs: in the
+    program, in the XNNPACK payload and in the data file's index (same length)."""
+    from ..weights.readers import read_ptd
+
+    ptd = path.with_suffix(".ptd")
+    places = {key: (path, at) for key, at in _named_offsets(path).items()}
+    if ptd.is_file():
+        index, mapped = read_ptd(ptd)
+        mapped.close()
+        places.update({key: (ptd, at) for key, at in index.items()})
+    files = [path, *([ptd] if ptd.is_file() else [])]
+    handles = [open(f, "r+b") for f in files]
+    try:
+        maps = {f: mmap.mmap(h.fileno(), 0) for f, h in zip(files, handles, strict=True)}
         for c in changes:
             key = c.where.removeprefix("named_data:")
-            start, size = offsets.get(key, (-1, 0))
+            where, (start, size) = places.get(key, (path, (-1, 0)))
+            data = maps[where]
             if not 0 <= start <= len(data) - size:
-                raise ValueError(f"{path.name} has no named data {key[:12]}... inside the file")
+                raise ValueError(f"{where.name} has no named data {key[:12]}... inside the file")
             if size != len(c.data) or hashlib.sha256(data[start : start + size]).hexdigest() != c.old_sha256:
-                raise ValueError(f"named data {key[:12]}... of {path.name} is not {c.name}'s old value")
+                raise ValueError(f"named data {key[:12]}... of {where.name} is not {c.name}'s old value")
             data[start : start + size] = c.data
-            # The key (sha256 of the bytes) names the data in the program and in the XNNPACK
-            # payload: rename every occurrence, same length.
-            old, new = c.old_sha256.encode(), c.new_sha256.encode()
-            pos, renamed = data.find(old), 0
-            while pos != -1:
-                data[pos : pos + len(old)] = new
-                renamed += 1
-                pos = data.find(old, pos + len(old))
+            renamed = sum(_rename(m, c.old_sha256.encode(), c.new_sha256.encode()) for m in maps.values())
             if renamed == 0:
                 raise ValueError(f"named data key {key[:12]}... not found in {path.name}")
-        data.flush()
+        for m in maps.values():
+            m.flush()
+            m.close()
+    finally:
+        for h in handles:
+            h.close()

@@ -17,7 +17,13 @@ import torch
 from torch.export import ExportedProgram
 
 from ..errors import XnnpackLoweringError
-from ..shared_state.contract import RANGES_METHOD, encode_input_ranges, input_specs
+from ..shared_state.contract import (
+    DATA_FILE_METHOD,
+    DATA_SUFFIX,
+    RANGES_METHOD,
+    encode_input_ranges,
+    input_specs,
+)
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
@@ -189,12 +195,17 @@ class XnnpackExporter:
     ) -> LoweredTarget:
         from executorch.exir import to_edge_transform_and_lower
 
+        external = _external_weights(decomposed, options)
+        methods: dict[str, Any] = {RANGES_METHOD: encode_input_ranges(input_specs(decomposed))}
+        if external:
+            methods[DATA_FILE_METHOD] = [1]
         try:
-            with pruned_backend_passes(options.prune_backend_passes) as pruning:
+            with (
+                pruned_backend_passes(options.prune_backend_passes) as pruning,
+                _tagged(decomposed, name, external),
+            ):
                 edge = to_edge_transform_and_lower(
-                    decomposed,
-                    partitioner=[_xnnpack_partitioner()],
-                    constant_methods={RANGES_METHOD: encode_input_ranges(input_specs(decomposed))},
+                    decomposed, partitioner=[_xnnpack_partitioner()], constant_methods=methods
                 )
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
@@ -216,18 +227,62 @@ class XnnpackExporter:
         path = staging / f"{name}.pte"
         with open(path, "wb") as f:
             et.write_to_file(f)
+        files = [path]
+        if external:
+            et.write_tensor_data_to_file(str(staging))  # <tag>.ptd, the tag being the name
+            files.append(staging / f"{name}{DATA_SUFFIX}")
         del et
         release_lowered_payloads(lowered.graph_module)
         ops = tuple(sorted({op_name(n) for n in lowered.graph.nodes if n.op == "call_function"}))
         return LoweredTarget(
             target=self.target,
-            files=(path,),
+            files=tuple(files),
             ops=ops,
             delegation=delegation,
             weight_notes=self.weight_notes(decomposed),
             kept_tensors=_kept_tensors(lowered),
             backend_passes=pruning(),
         )
+
+
+def _weight_placeholders(program: ExportedProgram) -> list[torch.fx.Node]:
+    """Placeholders of weights XNNPACK may keep as named data: parameters, buffers forward never
+    mutates, lifted constants."""
+    sig = program.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    names = {
+        **sig.inputs_to_parameters,
+        **sig.inputs_to_lifted_tensor_constants,
+        **{k: v for k, v in sig.inputs_to_buffers.items() if v not in mutated},
+    }
+    return [n for n in program.graph.nodes if n.op == "placeholder" and n.name in names]
+
+
+def _external_weights(program: ExportedProgram, options: ExportOptions) -> bool:
+    if options.xnnpack_external_data is not None:
+        return options.xnnpack_external_data
+    total = 0
+    for n in _weight_placeholders(program):
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            total += val.numel() * val.element_size()
+    return total >= options.external_weights_above
+
+
+@contextlib.contextmanager
+def _tagged(program: ExportedProgram, tag: str, on: bool) -> Iterator[None]:
+    """Program-data separation (ExecuTorch 1.4.1): the XNNPACK node visitor stores a weight
+    whose placeholder carries ``meta["custom"]["delegate_constant_tag"]`` under that tag, which
+    ``write_tensor_data_to_file`` writes as ``<tag>.ptd``. The tag sits on the XNNPACK program's
+    own placeholders (never the shared program's) for the lowering only."""
+    nodes = _weight_placeholders(program) if on else []
+    for node in nodes:
+        node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+    try:
+        yield
+    finally:
+        for node in nodes:
+            node.meta.get("custom", {}).pop("delegate_constant_tag", None)
 
 
 def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None = None) -> bytes:

@@ -1,30 +1,42 @@
-"""Work-arounds for ExecuTorch 1.4.1 bugs met inside XNNPACK lowering on ordinary models, applied
-only while dualexport lowers (and restored after), each proven by a test where the plain library
-fails (tests/test_canonical.py).
+"""Work-arounds inside XNNPACK lowering for ExecuTorch 1.4.1, applied only while dualexport lowers
+(and restored after), each proven by a test where the plain library fails or by byte-identical
+files.
 
 * ``FuseBatchNormPass`` names the fused weight after the convolution's state_dict key with ``.``
   replaced by ``_`` (``create_constant_placeholder``), but FX sanitizes every other character
   that is not valid in an identifier when it names the placeholder node; the pass then looks the
   node up by the unsanitized name: ``ValueError: '..._block1-0_proj_0_weight_fused_bn' is not in
-  list`` on torchvision's RegNet (module names like ``block1-0``). The name is sanitized the way
-  FX does before the pass uses it. The fused weights are new tensors of XNNPACK's own (recorded as
+  list`` on torchvision's RegNet (module names like ``block1-0``), and on a top-level
+  ``nn.Sequential`` of a convolution and a BatchNorm (``0_weight_fused_bn``: FX prefixes the
+  leading digit). The name is sanitized the way FX does before the pass uses it. The fused weights are new tensors of XNNPACK's own (recorded as
   not stored by the weight manifest), so their names appear nowhere else.
+* ``lower_all_submodules_to_backend`` deep-copies each partition's program, weights included,
+  before XNNPACK preprocess ("in case backends change graph inside preprocess",
+  exir/backend/backend_api.py): one full copy of the weights that nothing needs. The copy is
+  made with the program's own tensors pre-filled in deepcopy's memo, so the graph is copied and
+  the immutable weights are shared (ExecuTorch 1.5 adds a backend hook for the same sharing). A
+  backend pass that wrote into a shared weight would change the holder's tensor, which the pin
+  around the job refuses (ProgramMutatedError); the files are byte-identical either way
+  (tests/test_memory_release.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["xnnpack_workarounds"]
+__all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights"]
 
 _MODULES = (
     "executorch.backends.xnnpack._passes.fuse_batch_norm",
     "executorch.backends.xnnpack._passes.decompose_batch_norm",
 )
+_BACKEND_API = "executorch.exir.backend.backend_api"
 _NAME = "create_constant_placeholder"
 _LOCK = threading.Lock()
 _DEPTH = 0
@@ -33,15 +45,31 @@ _ORIGINAL: dict[str, Any] = {}
 
 def _sanitized(fn: Any) -> Any:
     def create_constant_placeholder(*args: Any, **kwargs: Any) -> Any:
-        if "name" in kwargs:
-            kwargs["name"] = re.sub(r"[^0-9a-zA-Z_]", "_", kwargs["name"])
+        if "name" in kwargs:  # FX's own rule (Graph namespace): invalid characters, leading digit
+            name = re.sub(r"[^0-9a-zA-Z_]+", "_", kwargs["name"])
+            kwargs["name"] = f"_{name}" if name[:1].isdigit() else name
         return fn(*args, **kwargs)
 
     return create_constant_placeholder
 
 
+def deepcopy_sharing_weights(x: Any, memo: dict[int, Any] | None = None) -> Any:
+    """``copy.deepcopy`` that keeps an ExportedProgram's weights (state_dict and constants) as
+    the same objects: the graph and its metadata are copied, the tensors are not."""
+    from torch import Tensor
+    from torch.export import ExportedProgram
+
+    if memo is None and isinstance(x, ExportedProgram):
+        memo = {id(t): t for t in [*x.state_dict.values(), *x.constants.values()] if isinstance(t, Tensor)}
+    return copy.deepcopy(x, memo)
+
+
+#: backend_api uses ``copy.deepcopy`` only; its ``copy`` name is swapped for this namespace.
+_COPY = types.SimpleNamespace(copy=copy.copy, Error=copy.Error, deepcopy=deepcopy_sharing_weights)
+
+
 @contextlib.contextmanager
-def xnnpack_workarounds() -> Iterator[None]:
+def xnnpack_workarounds(share_weights: bool = True) -> Iterator[None]:
     """Install the work-arounds for the duration of a lowering (re-entrant)."""
     import importlib
 
@@ -52,6 +80,10 @@ def xnnpack_workarounds() -> Iterator[None]:
                 namespace = vars(importlib.import_module(name))
                 _ORIGINAL[name] = namespace[_NAME]
                 namespace[_NAME] = _sanitized(_ORIGINAL[name])
+            if share_weights:
+                namespace = vars(importlib.import_module(_BACKEND_API))
+                _ORIGINAL[_BACKEND_API] = namespace["copy"]
+                namespace["copy"] = _COPY
         _DEPTH += 1
     try:
         yield
@@ -60,5 +92,5 @@ def xnnpack_workarounds() -> Iterator[None]:
             _DEPTH -= 1
             if _DEPTH == 0:
                 for name, fn in _ORIGINAL.items():
-                    vars(importlib.import_module(name))[_NAME] = fn
+                    vars(importlib.import_module(name))["copy" if name == _BACKEND_API else _NAME] = fn
                 _ORIGINAL.clear()

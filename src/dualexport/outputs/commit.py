@@ -57,7 +57,11 @@ KNOWN_SUFFIXES = (
     ".delegation.md",
     ".parity.json",
     ".parity.html",
+    ".ptd",
+    ".bpte",
 )
+#: Folders an export writes for ``name`` (ONNX test data sets with their model): moved as a whole.
+KNOWN_FOLDER_SUFFIXES = ("_onnx_tests",)
 
 
 def journal_path(out_dir: pathlib.Path, name: str) -> pathlib.Path:
@@ -72,14 +76,26 @@ def current_set(out_dir: pathlib.Path, name: str) -> tuple[str, ...]:
     """File names of the committed set for ``name`` (from the set record, else by known suffix)."""
     out_dir = pathlib.Path(out_dir)
     names: set[str] = {name + s for s in KNOWN_SUFFIXES if (out_dir / (name + s)).is_file()}
+    names |= {name + s for s in KNOWN_FOLDER_SUFFIXES if (out_dir / (name + s)).is_dir()}
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         record = json.loads(_record_path(out_dir, name).read_text())
         names.update(f for f in record.get("files", []) if isinstance(f, str))
     return tuple(sorted(names))
 
 
+def _files_under(path: pathlib.Path) -> list[pathlib.Path]:
+    """``path`` itself, or every file inside the folder ``path``."""
+    return [p for p in sorted(path.rglob("*")) if p.is_file()] if path.is_dir() else [path]
+
+
 def _move(src: pathlib.Path, dst: pathlib.Path) -> None:
-    """One rename of the roll-forward (a seam the kill test uses to land between two renames)."""
+    """One rename of the roll-forward (a seam the kill test uses to land between two renames).
+    A folder replaces the previous one of its name: that one is removed first (repeating the
+    roll-forward after a kill in between finds it gone and the staged folder still there)."""
+    if src.is_dir() and dst.is_dir() and not dst.is_symlink():
+        import shutil
+
+        shutil.rmtree(dst)
     os.replace(src, dst)
 
 
@@ -100,7 +116,12 @@ def _roll_forward(out_dir: pathlib.Path, name: str, journal: dict) -> None:
                 _move(src, out_dir / f)
         for f in remove:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(out_dir / f)
+                if (out_dir / f).is_dir() and not (out_dir / f).is_symlink():
+                    import shutil
+
+                    shutil.rmtree(out_dir / f)
+                else:
+                    os.unlink(out_dir / f)
         _fsync_dir(out_dir)
         sizes = {f: (out_dir / f).stat().st_size for f in files if (out_dir / f).is_file()}
         expected = journal.get("sizes") or {}
@@ -163,7 +184,8 @@ class ArtifactSet:
         return sorted(
             e.name
             for e in os.scandir(self.dir)
-            if e.is_file(follow_symlinks=False) and not e.name.startswith(".")
+            if (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False))
+            and not e.name.startswith(".")
         )
 
     def commit(self) -> tuple[pathlib.Path, ...]:
@@ -182,11 +204,12 @@ class ArtifactSet:
             self.committed = ()
             return ()
         for f in files:
-            fd = os.open(self.dir / f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            for path in _files_under(self.dir / f):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         _fsync_dir(self.dir)
         remove = sorted(set(current_set(self.out_dir, self.name)) - set(files))
         journal = {
@@ -194,7 +217,7 @@ class ArtifactSet:
             "name": self.name,
             "staging": self.dir.name,
             "files": files,
-            "sizes": {f: (self.dir / f).stat().st_size for f in files},
+            "sizes": {f: (self.dir / f).stat().st_size for f in files if (self.dir / f).is_file()},
             "remove": remove,
         }
         atomic_write_text(journal_path(self.out_dir, self.name), json.dumps(journal, indent=1) + "\n")

@@ -126,6 +126,7 @@ def export_set(
     calibration: Iterable[tuple[Any, ...]] | None,
     options: ExportOptions,
     require_full_delegation: bool,
+    bundle: bool = False,
 ) -> SetResult:
     t0 = time.perf_counter()
     shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, options)
@@ -178,7 +179,12 @@ def export_set(
             job.cancel()  # only an unfinished job (an interrupt) has anything to undo
     outcomes = {t: outcomes[t] for t in targets}
     published: dict[str, Published] = {t: o for t, o in outcomes.items() if not isinstance(o, Failed)}
-    manifest = build_manifest(shared, published, keys, previous, name, fp)
+    bundles = {}
+    if bundle and published:
+        from .bundles import write_bundles
+
+        bundles = write_bundles(shared, published, set_dir, name, example)
+    manifest = build_manifest(shared, published, keys, previous, name, fp, bundles)
     if published:
         _write_side_files(shared, manifest, published, set_dir, name, example)
     for problem in manifest.problems():

@@ -35,6 +35,7 @@ def build_manifest(
     previous: Previous | None,
     name: str,
     fp: ProgramFingerprint,
+    bundles: Mapping[str, Any] | None = None,
 ) -> WeightManifest:
     """Every weight of the shared program, located in each published file read back from disk;
     a reused file keeps the previous manifest's locations (same program, same key, and its
@@ -62,7 +63,13 @@ def build_manifest(
         located.append(type(e)(**{**e.__dict__, "locations": locs}))
     return WeightManifest(
         entries=tuple(located),
-        artifacts={t: _artifact_record(out, keys[t]) for t, out in published.items()},
+        artifacts={
+            t: {
+                **_artifact_record(out, keys[t]),
+                **({"bundle": {**bundles[t], "sets": bundles["sets"]}} if bundles and t in bundles else {}),
+            }
+            for t, out in published.items()
+        },
         versions=library_versions(),
         program={"graph_sha256": fp.graph, "shapes_sha256": fp.shapes, "file": f"{name}.pt2"},
     )

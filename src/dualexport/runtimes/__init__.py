@@ -9,9 +9,15 @@ from .base import Runner
 __all__ = ["Runner", "open_runner"]
 
 
-def open_runner(target: str, path: pathlib.Path, *, lean: bool = False) -> Runner:
+def open_runner(target: str, path: pathlib.Path, *, lean: bool = False, isolated: bool = True) -> Runner:
     """Load the artifact for ``target``; imports only that runtime. ``lean`` trades speed for
-    memory where the runtime allows (used by the export's one smoke run)."""
+    memory where the runtime allows (used by the export's smoke runs). ``isolated`` (default)
+    runs it in a forked child (runtimes/isolated.py): a runtime that crashes on a bad file is an
+    error of the target, not the end of this process."""
+    if isolated:
+        from .isolated import IsolatedRunner
+
+        return IsolatedRunner(target, path, lean=lean)
     if target == "onnx":
         from .ort import OrtRunner
 

@@ -3,28 +3,67 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import torch
 
 from ..errors import InputError, RuntimeExecutionError, RuntimeLoadError
-from ..shared_state.contract import RANGES_METHOD, decode_input_ranges
+from ..shared_state.contract import DATA_FILE_METHOD, DATA_SUFFIX, RANGES_METHOD, decode_input_ranges
 
 __all__ = ["ExecuTorchRunner"]
 
 
+def _constant(program: Any, method: str) -> list[int]:
+    return [int(v) for v in program.load_method(method).execute([])]
+
+
 class ExecuTorchRunner:
+    """A .pte (and its ``.ptd`` when the program keeps its weights there) loaded in ExecuTorch's
+    runtime. The program is read first with ``executorch.runtime`` (methods are loaded on demand,
+    so reading the ranges and the data-file flag never touches the delegate); the forward method
+    is then loaded with the weights file when there is one (``portable_lib._load_for_executorch``
+    with ``data_path``: ``executorch.runtime`` takes no data file in 1.4.1)."""
+
     name = "xnnpack"
 
     def __init__(self, path: pathlib.Path, method: str = "forward") -> None:
         from executorch.runtime import Runtime
 
+        path = pathlib.Path(path)
+        self.data_path = path.with_suffix(DATA_SUFFIX)
+        self._method_name = method
         try:
-            self.program = Runtime.get().load_program(str(path))
-            self.method = self.program.load_method(method)
-            self.ranges: list[list[tuple[int, int | None]]] | None = None
-            if RANGES_METHOD in set(self.program.method_names):
-                encoded = self.program.load_method(RANGES_METHOD).execute([])
-                self.ranges = decode_input_ranges([int(v) for v in encoded])
+            program = Runtime.get().load_program(str(path))
+            names = set(program.method_names)
+            self.ranges: list[list[tuple[int, int | None]]] | None = (
+                decode_input_ranges(_constant(program, RANGES_METHOD)) if RANGES_METHOD in names else None
+            )
+            external = DATA_FILE_METHOD in names and _constant(program, DATA_FILE_METHOD) == [1]
+        except Exception as exc:
+            raise RuntimeLoadError(
+                f"ExecuTorch could not load {path.name}: {exc}",
+                target="xnnpack",
+                hint="the file is truncated or not a .pte; re-export",
+            ) from exc
+        if external and not self.data_path.is_file():
+            # ExecuTorch 1.4.1 dereferences the missing data map and crashes the process.
+            raise RuntimeLoadError(
+                f"{path.name} keeps its weights in {self.data_path.name}, which is missing",
+                target="xnnpack",
+                hint=f"put {self.data_path.name} beside {path.name} (they ship together)",
+            )
+        try:
+            if external:
+                from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+                module = _load_for_executorch(str(path), data_path=str(self.data_path))
+                self._run = lambda inputs: module.run_method(method, inputs)
+                self._meta = module.method_meta(method)
+            else:
+                loaded = program.load_method(method)
+                self._run = loaded.execute
+                self._meta = loaded.metadata
+            self.external = external
         except Exception as exc:
             raise RuntimeLoadError(
                 f"ExecuTorch could not load {path.name} (method {method!r}): {exc}",
@@ -37,7 +76,7 @@ class ExecuTorchRunner:
         """Per input, the sizes its memory plan holds (the largest the file accepts), or None
         where the runtime does not say."""
         out = []
-        meta = self.method.metadata
+        meta = self._meta
         try:
             for i in range(meta.num_inputs()):
                 out.append([int(s) for s in meta.input_tensor_meta(i).sizes()])
@@ -60,7 +99,7 @@ class ExecuTorchRunner:
                             hint="re-export with a wider Dim(min=..., max=...) or pass inputs inside the range",
                         )
 
-        meta = self.method.metadata
+        meta = self._meta
         for i, t in enumerate(inputs):
             try:
                 sizes = list(meta.input_tensor_meta(i).sizes())
@@ -77,7 +116,7 @@ class ExecuTorchRunner:
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         self._check_upper_bounds(inputs)
         try:
-            outs = self.method.execute([t.detach().contiguous() for t in inputs])
+            outs = self._run([t.detach().contiguous() for t in inputs])
         except Exception as exc:
             raise RuntimeExecutionError(
                 f"ExecuTorch failed to run: {exc}",

@@ -34,6 +34,8 @@ __all__ = [
     # the ranges in the files
     "RANGES_METHOD",
     "RANGES_METADATA",
+    "DATA_FILE_METHOD",
+    "DATA_SUFFIX",
     "encode_input_ranges",
     "decode_input_ranges",
     # the edges of every range
@@ -50,6 +52,11 @@ InputSpec = dict[str, Any]
 RANGES_METHOD = "dualexport_input_ranges"
 #: The ONNX ``metadata_props`` key holding the ranges as JSON (ONNX cannot state them itself).
 RANGES_METADATA = "dualexport.input_ranges"
+#: A constant method in the .pte returning ``[1]`` when its XNNPACK weights are in the data file
+#: ``<stem>.ptd`` beside it (ExecuTorch 1.4.1 crashes running such a program without the file,
+#: so a runner checks first).
+DATA_FILE_METHOD = "dualexport_external_data"
+DATA_SUFFIX = ".ptd"
 
 
 def _bound(value: object) -> int | None:

@@ -42,6 +42,9 @@ class PteTensors:
     named: dict[str, str]
     constant_buffers: list[memoryview]
     raw: Any = b""  # the mapped file (mmap: find/slice like bytes)
+    #: named data kept in the program's data file (``<stem>.ptd``): key -> (offset, nbytes) there
+    external: dict[str, tuple[int, int]] = field(default_factory=dict)
+    data_file: str | None = None
     _prefix_cache: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
 
     def named_ok(self, key: str) -> bool:
@@ -158,6 +161,40 @@ def check_pte_header(path: pathlib.Path, data: bytes | mmap.mmap) -> None:
         )
 
 
+def read_ptd(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], Any]:
+    """The named data of an ExecuTorch data file (``.ptd``, FlatTensor): key -> (offset, nbytes)
+    in the file, and the file mapped read-only. XNNPACK's keys are the sha256 of the bytes."""
+    from executorch.extension.flat_tensor.serialize.serialize import (
+        FlatTensorHeader,
+        _deserialize_to_flat_tensor,
+    )
+
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header = FlatTensorHeader.from_bytes(bytes(data[8 : 8 + 64]))
+        if not header.is_valid():
+            raise ValueError("no FlatTensor header")
+        flat = _deserialize_to_flat_tensor(bytes(data[: header.flatbuffer_offset + header.flatbuffer_size]))
+        index = {
+            nd.key: (
+                header.segment_base_offset + flat.segments[nd.segment_index].offset,
+                flat.segments[nd.segment_index].size,
+            )
+            for nd in flat.named_data
+        }
+    except (OSError, ValueError, IndexError) as exc:
+        raise ArtifactFormatError(
+            f"{path.name} is not a readable ExecuTorch data file: {exc}",
+            hint="re-export; the file is truncated or not a .ptd",
+        ) from exc
+    if any(off + n > len(data) for off, n in index.values()):
+        raise ArtifactFormatError(
+            f"{path.name} is shorter than its index says", hint="re-export; the file was truncated"
+        )
+    return index, data
+
+
 def read_pte(path: pathlib.Path) -> PteTensors:
     import mmap
 
@@ -191,4 +228,15 @@ def read_pte(path: pathlib.Path) -> PteTensors:
     # Mutable buffers (state) are stored with their initial values in the mutable segment.
     constants += [memoryview(b.storage) for b in (pte.mutable_data or [])]
     del pte, nd
-    return PteTensors(named=named, constant_buffers=constants, raw=data)
+    external: dict[str, tuple[int, int]] = {}
+    data_file = None
+    ptd = path.with_suffix(".ptd")
+    if ptd.is_file():
+        safe_child(path.parent, ptd.name, what="the program's data file")
+        external, ptd_data = read_ptd(ptd)
+        for key, (off, n) in external.items():
+            named[key] = hashlib.sha256(ptd_data[off : off + n]).hexdigest()
+        data_file = ptd.name
+    return PteTensors(
+        named=named, constant_buffers=constants, raw=data, external=external, data_file=data_file
+    )
