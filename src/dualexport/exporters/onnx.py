@@ -34,6 +34,9 @@ __all__ = ["OnnxExporter", "unsupported_nodes"]
 logger = logging.getLogger(__name__)
 
 _SKIP_OPS = {"getitem"}
+#: Initializer bytes above which weights go to external data whatever the options say (the 2 GB
+#: protobuf limit, less room for the graph).
+_INLINE_LIMIT = (2 << 30) - (64 << 20)
 
 
 def target_opset(options: ExportOptions | None) -> int:
@@ -169,10 +172,12 @@ class OnnxExporter:
             for k, v in model.graph.initializers.items()
             if isinstance(raw := getattr(v.const_value, "raw", None), torch.Tensor)
         }
-        if target_opset(options) < 18:
+        if target_opset(options) != 18:
+            # torchlib writes opset 18 imports whatever the registry translated to; torch.onnx.export
+            # converts to the asked opset afterwards (with the converter's fallback), and so do we.
             from onnxscript import version_converter
 
-            version_converter.convert_version(model, target_opset(options))
+            version_converter.convert_version(model, target_opset(options), fallback=True)
         state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
         for item in state:
             # The state input defaults to the buffer's initial value (an initializer of the same
@@ -210,11 +215,10 @@ class OnnxExporter:
 
         path = staging / f"{name}.onnx"
         data_name = f"{name}.onnx.data"
-        big = [
-            v
-            for v in model.graph.initializers.values()
-            if v.const_value is not None and v.const_value.nbytes >= options.external_data_threshold
-        ]
+        sizes = [v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None]
+        # Inline when asked, but never past what the format holds (a protobuf is at most 2 GB).
+        inline = options.onnx_external_data is False and sum(sizes) < _INLINE_LIMIT
+        big = [] if inline else [n for n in sizes if n >= options.external_data_threshold]
         try:
             if big:
                 ir.save(

@@ -27,10 +27,21 @@ from ..shared_state import SharedProgram
 from ..shared_state.contract import is_stateful
 from .outcome import Published
 
-__all__ = ["write_bundles", "ONNX_TESTS_SUFFIX", "BPTE_SUFFIX", "bundle_sets"]
+__all__ = ["write_bundles", "ONNX_TESTS_SUFFIX", "BPTE_SUFFIX", "bundle_sets", "check_bundleable"]
 
 BPTE_SUFFIX = ".bpte"
 ONNX_TESTS_SUFFIX = "_onnx_tests"
+
+
+def check_bundleable(shared: SharedProgram) -> None:
+    """Refused before any lowering: a stateful program's bundled cases would depend on the order
+    the device runs them in."""
+    if is_stateful(shared.exported_program):
+        raise InputError(
+            "bundle=True needs a stateless program: each bundled test case runs from a fresh state "
+            "in ONNX Runtime but not in ExecuTorch's bundled-IO runner",
+            hint="export without bundle=True; check the stateful model with dx.compare(res, steps=N)",
+        )
 
 
 def bundle_sets(
@@ -38,12 +49,7 @@ def bundle_sets(
 ) -> list[tuple[str, list[torch.Tensor], list[torch.Tensor]]]:
     """(label, flat inputs, eager's flat outputs): the example and ``generate`` random seeds."""
     program = shared.exported_program
-    if is_stateful(program):
-        raise InputError(
-            "bundle=True needs a stateless program: each bundled test case runs from a fresh state "
-            "in ONNX Runtime but not in ExecuTorch's bundled-IO runner",
-            hint="export without bundle=True; check the stateful model with dx.compare(res, steps=N)",
-        )
+    check_bundleable(shared)
     eager = EagerRunner(program, shared.example_args, shared.example_kwargs)
     sets = [("example", example)]
     sets += [

@@ -130,6 +130,10 @@ def export_set(
 ) -> SetResult:
     t0 = time.perf_counter()
     shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, options)
+    if bundle:
+        from .bundles import check_bundleable
+
+        check_bundleable(shared)
     for which, names in pass_lists(targets, options).items():
         logger.info("passes for %s: %s", which, ", ".join(names) or "none")
     fp = shared.fingerprint(rehash=False)

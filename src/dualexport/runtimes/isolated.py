@@ -43,8 +43,10 @@ def _recv(conn: Any) -> Any:
 
 
 def _child_setup() -> None:
+    import faulthandler
     import os
 
+    faulthandler.disable()  # a crash here is reported by the parent, not dumped by the child
     torch.set_num_threads(1)  # libgomp deadlocks in a forked child once the parent used OpenMP
     with contextlib.suppress(Exception):  # pthreadpool's workers did not survive the fork
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
