@@ -23,7 +23,7 @@ def _t5() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The T5 encoder from a tiny config (random weights), with the default (SDPA) attention."""
     import transformers
 
-    from zoo.hf import HFWrapper
+    from dualexport.loading import HFWrapper
 
     torch.manual_seed(0)
     cfg = transformers.T5Config(

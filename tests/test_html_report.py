@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pathlib
-import shutil
-import subprocess
 
 import numpy as np
 import onnx
@@ -12,39 +10,8 @@ import pytest
 import torch
 
 import dualexport as dx
+from chromium import CHROMIUM, count_color, screenshot
 from models import ConvBN
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _screenshot(html: pathlib.Path, png: pathlib.Path, profile: pathlib.Path) -> None:
-    subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--window-size=1280,1400",
-            f"--screenshot={png}",
-            html.as_uri(),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def _count_color(png: pathlib.Path, rgb: tuple[int, int, int]) -> int:
-    from PIL import Image
-
-    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    return int((np.abs(img - np.array(rgb)).sum(axis=-1) < 30).sum())
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is absent from this machine (.ci/run installs it)")
@@ -62,7 +29,7 @@ def test_html_report_renders_plots(tmp_path: pathlib.Path) -> None:
     text = html.read_text()
     assert text.count("<svg") >= 3 and "batch_norm" in text and "<script" not in text
     png = tmp_path / "shot.png"
-    _screenshot(html, png, tmp_path / "profile")
+    screenshot(html, png, tmp_path / "profile")
     assert png.stat().st_size > 10_000
-    assert _count_color(png, (0x1F, 0x77, 0xB4)) > 200  # ONNX histogram bars and error curve
-    assert _count_color(png, (0xD6, 0x27, 0x28)) > 200  # XNNPACK histogram bars
+    assert count_color(png, (0x1F, 0x77, 0xB4)) > 200  # ONNX histogram bars and error curve
+    assert count_color(png, (0xD6, 0x27, 0x28)) > 200  # XNNPACK histogram bars

@@ -67,6 +67,24 @@ def test_linear_weights_are_patched_in_both_files(tmp_path: pathlib.Path) -> Non
     assert all(d.state_dict is again.program.state_dict for d in again.program.decomposed.values())
 
 
+def test_transposed_onnx_weights_are_patched(tmp_path: pathlib.Path) -> None:
+    """A Linear on a 3-D input becomes a MatMul whose weight the ONNX pipeline stores transposed
+    (the manifest says ``transformed`` with the permutation): a weights-only change writes the
+    new value, transposed, in its place instead of lowering ONNX again (as every decoder's
+    projections need)."""
+    torch.manual_seed(0)
+    model, args = MLPNorm().eval(), (torch.randn(2, 5, 32),)
+    first = dx.export(model, args, out_dir=tmp_path / "set", name="m", strict=True)
+    loc = next(e for e in first.manifest.entries if e.name == "net.0.weight").locations["onnx"]
+    assert loc.status == "transformed" and loc.permutation == (1, 0)
+    with torch.no_grad():
+        model.net[0].weight.mul_(1.5)
+        model.net[2].weight.add_(0.25)
+    again, _ = _again_and_fresh(model, args, tmp_path)
+    assert _patched(again) == {"onnx": 2, "xnnpack": 2}
+    again.verify_weights()
+
+
 def test_folded_weight_change_relowers_xnnpack_only(tmp_path: pathlib.Path) -> None:
     """BatchNorm statistics are folded into the conv by XNNPACK (not stored as-is): that target
     lowers again; ONNX keeps BatchNorm's initializers exactly and is patched."""

@@ -33,6 +33,7 @@ from .errors import (
     XnnpackLoweringError,
 )
 from .exporters import TARGETS, DelegationReport, ExportOptions
+from .fleet import BatchRecord, EntryRecord, batch
 from .parity import Metrics, OutputParity, ParityReport, Tolerance
 from .pipeline import Failed, Lowered, Patched, Proof, Reused
 from .shared_state import ProgramTransform, SharedProgram
@@ -48,6 +49,10 @@ __all__ = [
     "Artifact",
     "ExportOptions",
     "TARGETS",
+    # a zoo at once
+    "batch",
+    "BatchRecord",
+    "EntryRecord",
     # the shared program
     "SharedProgram",
     "ProgramTransform",

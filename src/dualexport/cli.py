@@ -9,15 +9,14 @@ message says so). With ``export --strict`` any target failure raises and nothing
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import pathlib
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from .display import console, print_delegation, print_parity, print_weights
 from .errors import DualExportError, InputError, InternalError, ParityError, UserError, WeightMismatchError
+from .loading import build_dynamic_shapes, load_model, parse_dynamic, parse_input, parse_input_spec
 
 __all__ = ["main", "parse_input_spec", "load_model"]
 
@@ -30,92 +29,6 @@ EXIT_CODES = """exit codes:
   3  a target failed to export (its error names the op, the node and the model line)
   4  an internal error: a bug in dualexport or a library it drives, not in your input"""
 
-_DTYPES = {
-    "float32": "float32",
-    "float": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "bfloat16": "bfloat16",
-    "int64": "int64",
-    "long": "int64",
-    "int32": "int32",
-    "int": "int32",
-    "bool": "bool",
-    "uint8": "uint8",
-    "int8": "int8",
-}
-
-
-def parse_input_spec(spec: str) -> tuple[tuple[int, ...], str]:
-    """'1x3x224x224:float32' -> ((1, 3, 224, 224), 'float32')."""
-    shape_text, _, dtype_text = spec.partition(":")
-    dtype = _DTYPES.get((dtype_text or "float32").strip().lower())
-    if dtype is None:
-        raise InputError(
-            f"--input {spec!r}: unknown dtype", hint=f"use one of {sorted(set(_DTYPES.values()))}"
-        )
-    try:
-        shape = tuple(int(d) for d in shape_text.lower().split("x")) if shape_text else ()
-    except ValueError:
-        raise InputError(
-            f"--input {spec!r}: shape must be dims joined by 'x'", hint="e.g. --input 1x3x224x224:float32"
-        ) from None
-    if any(d <= 0 for d in shape):
-        raise InputError(f"--input {spec!r}: every dimension must be positive")
-    return shape, dtype
-
-
-def make_input(shape: tuple[int, ...], dtype: str, seed: int) -> Any:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    td = getattr(torch, dtype)
-    if td.is_floating_point:
-        return torch.randn(shape, generator=g).to(td)
-    if td == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    return torch.randint(0, 100, shape, generator=g).to(td)
-
-
-def load_model(ref: str) -> Any:
-    """MODULE:ATTR where ATTR is an nn.Module instance, class, or zero-argument factory."""
-    import torch
-
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError(
-            f"model reference {ref!r} is not MODULE:ATTR", hint="e.g. dualexport.examples:TinyConvNet"
-        )
-    if str(pathlib.Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(pathlib.Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise InputError(
-            f"cannot import {module_name!r}: {exc}",
-            hint="run from the folder that holds the module, or install it",
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InputError(f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if isinstance(obj, torch.nn.Module):
-        return obj
-    if callable(obj):
-        try:
-            made = obj()
-        except TypeError as exc:
-            raise InputError(
-                f"{ref} could not be called without arguments: {exc}",
-                hint="point at a module instance or a zero-argument factory",
-            ) from exc
-        if isinstance(made, torch.nn.Module):
-            return made
-        raise InputError(f"{ref}() returned {type(made).__name__}, not an nn.Module")
-    raise InputError(f"{ref} is a {type(obj).__name__}, not an nn.Module, class or factory")
-
 
 def _cmd_export(ns: argparse.Namespace) -> int:
     from . import api
@@ -126,7 +39,9 @@ def _cmd_export(ns: argparse.Namespace) -> int:
         raise InputError(
             "at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32"
         )
-    args = tuple(make_input(*parse_input_spec(s), seed=i) for i, s in enumerate(ns.input))
+    specs = [parse_input(s) for s in ns.input]
+    args = tuple(spec.make(seed=i) for i, spec in enumerate(specs))
+    dynamic = build_dynamic_shapes([parse_dynamic(d) for d in ns.dynamic], specs, model=model)
     with out.status(f"exporting {ns.model} to {ns.target} ..."):
         res = api.export(
             model,
@@ -134,6 +49,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             target=ns.target,
             out_dir=ns.out,
             name=ns.name,
+            dynamic_shapes=dynamic,
             strict=ns.strict,
             optimize=not ns.plain,
             bundle=ns.bundle,
@@ -144,7 +60,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
         out.print(f"[bold red]{t} failed[/]: {err}")
     print_delegation(out, res)
     code = EXIT_OK
-    check, werr = None, None
+    check, werr, report = None, None, None
     try:
         check = res.verify_weights()
     except WeightMismatchError as exc:
@@ -159,6 +75,11 @@ def _cmd_export(ns: argparse.Namespace) -> int:
         atomic_write_text(res.out_dir / f"{res.name}.parity.json", report.to_json())
         if not report.ok:
             code = EXIT_CHECK_FAILED
+    if ns.html:
+        from .reporting import write_export_page
+
+        page = write_export_page(res.out_dir / f"{res.name}.report.html", res, report)
+        out.print(f"report: {page}")
     if res.errors:
         code = EXIT_TARGET_FAILED
         if any(isinstance(e, InternalError) for e in res.errors.values()):
@@ -167,6 +88,46 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             for err in res.errors.values():
                 _print_causes(err)
     return code
+
+
+#: A batch's exit code: the worst entry decides (a target that failed outranks bad input, which
+#: outranks a failed check).
+_BATCH_EXIT = {
+    "passed": EXIT_OK,
+    "check_failed": EXIT_CHECK_FAILED,
+    "invalid": EXIT_USAGE,
+    "error": EXIT_USAGE,
+    "failed": EXIT_TARGET_FAILED,
+    "timeout": EXIT_TARGET_FAILED,
+    "killed": EXIT_TARGET_FAILED,
+}
+_EXIT_RANK = {EXIT_OK: 0, EXIT_CHECK_FAILED: 1, EXIT_USAGE: 2, EXIT_TARGET_FAILED: 3}
+
+
+def _cmd_batch(ns: argparse.Namespace) -> int:
+    from .display import BatchProgress, print_batch
+    from .fleet import batch
+
+    out = console()
+    engine = "ray" if ns.ray is not None else "local"
+    address = None if ns.ray in (None, "local") else ns.ray
+    with BatchProgress(out) as progress:
+        record = batch(
+            ns.manifest,
+            ns.out,
+            workers=ns.workers,
+            engine=engine,
+            address=address,
+            memory_budget_mb=ns.memory_budget,
+            compare_to=ns.compare_to,
+            shared_dir=ns.shared_dir,
+            retries=ns.retries,
+            only=ns.only or None,
+            progress=progress,
+        )
+    print_batch(out, record, pathlib.Path(ns.out))
+    codes = [_BATCH_EXIT.get(e.status, EXIT_TARGET_FAILED) for e in record.entries]
+    return max(codes, key=lambda c: _EXIT_RANK[c], default=EXIT_OK)
 
 
 def _cmd_compare(ns: argparse.Namespace) -> int:
@@ -248,12 +209,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SHAPE:DTYPE",
-        help="an example input, e.g. 1x3x224x224:float32 (repeat for several)",
+        help="an example input, e.g. 1x3x224x224:float32, or 2x8:int64:0..999 for token ids "
+        "(repeat for several)",
+    )
+    e.add_argument(
+        "--dynamic",
+        action="append",
+        default=[],
+        metavar="INPUT.DIM=[NAME:]MIN..MAX",
+        help="make a dim dynamic, e.g. 0.1=1..64 (equal NAMEs share one dim; repeat for several)",
     )
     e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
     e.add_argument("--out", default="dualexport_out", help="output folder")
     e.add_argument("--name", default="model", help="file name stem of the artifacts")
     e.add_argument("--compare", action="store_true", help="run the parity check after export")
+    e.add_argument(
+        "--html",
+        action="store_true",
+        help="write <name>.report.html: delegation, weights, parity (with --compare), timings, versions",
+    )
     e.add_argument(
         "--strict",
         action="store_true",
@@ -304,6 +278,41 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dir")
     t.add_argument("--name", default=None, help="which export in the folder (default: the only one)")
     t.set_defaults(func=_cmd_selftest)
+    b = sub.add_parser(
+        "batch",
+        help="export every model of a TOML manifest (a zoo) to both targets, here or on a Ray cluster",
+        parents=[common],
+        epilog=EXIT_CODES + "\n  (a batch exits with its worst entry's code; 0 only when every entry passed)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("manifest", help="the TOML manifest (see examples/zoo.toml)")
+    b.add_argument(
+        "--out", required=True, help="output folder: one subfolder per entry, batch.json, batch.html"
+    )
+    b.add_argument("--workers", type=int, default=None, help="entries at once (default: the cores)")
+    b.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run on the Ray cluster at ADDRESS (e.g. 127.0.0.1:6379); 'local' starts a local Ray",
+    )
+    b.add_argument(
+        "--memory-budget",
+        type=float,
+        metavar="MB",
+        default=None,
+        help="admit entries while their estimated peaks fit (default: 80%% of the available memory)",
+    )
+    b.add_argument("--compare-to", metavar="OLD", default=None, help="an earlier run's batch.json or folder")
+    b.add_argument(
+        "--shared-dir",
+        metavar="PATH",
+        default=None,
+        help="(Ray) a folder every node sees: files return through it instead of the object store",
+    )
+    b.add_argument("--retries", type=int, default=2, help="(Ray) attempts more when a worker dies")
+    b.add_argument("--only", action="append", metavar="NAME", help="run only this entry (repeat for several)")
+    b.set_defaults(func=_cmd_batch)
     return p
 
 

@@ -85,3 +85,116 @@ def print_parity(console: Any, report: Any) -> None:
                 f"[red]{rt}: first divergence[/] at node {d.node} ({d.op})"
                 + (f" — {d.source}" if d.source else "")
             )
+
+
+class BatchProgress:
+    """A batch's live progress: a bar of entries done, how many run and failed, the elapsed time
+    and the ETA, and the phase each running entry is in. Callable with each ``BatchEvent``."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]}  failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[eta]}"),
+            TextColumn("{task.fields[phases]}", style="dim"),
+            console=console,
+            transient=False,
+        )
+        self.task: Any = None
+        self.phases: dict[str, str] = {}
+
+    def __enter__(self) -> BatchProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)  # type: ignore[arg-type]
+
+    def __call__(self, event: Any) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task(
+                "entries", total=event.total, running=0, failed=0, eta="-", phases=""
+            )
+        if event.kind == "done":
+            self.phases.pop(event.name, None)
+            rec = event.record
+            if rec is not None and not rec.passed:
+                self.progress.console.print(f"[red]{event.name}: {rec.status}[/] {rec.reason or ''}"[:300])
+        else:
+            self.phases[event.name] = event.phase or event.kind
+        eta = event.eta
+        self.progress.update(
+            self.task,
+            completed=event.done,
+            running=event.running,
+            failed=event.failed,
+            eta="-" if eta is None else f"{eta:.0f}s",
+            phases=", ".join(f"{n}: {p}" for n, p in list(self.phases.items())[:4]),
+        )
+
+
+_STATUS_STYLE = {"passed": "green", "check_failed": "yellow"}
+
+
+def print_batch(console: Any, record: Any, out_dir: Any) -> None:
+    """The batch's table (one row per entry) and, with ``--compare-to``, what changed."""
+    from rich.table import Table
+
+    diff = record.diff
+    if diff is not None and diff.get("changes"):
+        t = Table(title=f"Changes since {diff.get('against', 'the earlier run')} (regressions first)")
+        for col in ("entry", "kind", "what", "before", "after"):
+            t.add_column(col)
+        for c in diff["changes"]:
+            style = "red" if c["kind"] == "regression" else ("green" if c["kind"] == "improvement" else "")
+            t.add_row(
+                c["name"],
+                f"[{style}]{c['kind']}[/]" if style else c["kind"],
+                c["field"],
+                str(c["before"]),
+                str(c["after"]),
+            )
+        console.print(t)
+    counts = ", ".join(f"{k} {v}" for k, v in record.counts().items())
+    t = Table(title=f"Batch: {len(record.entries)} entries in {record.seconds:.0f} s ({counts})")
+    for col in (
+        "entry",
+        "status",
+        "onnx",
+        "xnnpack",
+        "delegated",
+        "SNR dB (onnx/xnnpack)",
+        "seconds",
+        "reason",
+    ):
+        t.add_column(col, justify="right" if col in ("delegated", "seconds") else "left")
+    for e in record.entries:
+        style = _STATUS_STYLE.get(e.status, "red")
+        cells = []
+        for target in ("onnx", "xnnpack"):
+            r = e.targets.get(target)
+            cells.append("-" if r is None else (r.outcome or "ok") if r.ok else "[red]failed[/]")
+        x = e.targets.get("xnnpack")
+        share = "-" if x is None or x.delegated_share is None else f"{100 * x.delegated_share:.1f}%"
+        snr = "/".join(
+            "-"
+            if e.targets.get(rt) is None or e.targets[rt].parity is None
+            else f"{e.targets[rt].parity.snr_db:.0f}"
+            for rt in ("onnx", "xnnpack")
+        )
+        t.add_row(
+            e.name,
+            f"[{style}]{e.status}[/]",
+            *cells,
+            share,
+            snr,
+            f"{e.seconds:.1f}",
+            (e.reason or "").replace("\n", " ")[:80],
+        )
+    console.print(t)
+    console.print(f"record: {out_dir}/batch.json  page: {out_dir}/batch.html")

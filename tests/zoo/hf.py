@@ -17,26 +17,14 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from dualexport.loading import HFWrapper
+
 from .case import Case, InputSet
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 __all__ = ["HF_CASES"]
-
-
-class HFWrapper(nn.Module):
-    """Call an HF model with keyword tensors, return the first ``n_out`` outputs as a tuple."""
-
-    def __init__(self, model: nn.Module, input_names: tuple[str, ...], n_out: int = 1) -> None:
-        super().__init__()
-        self.model = model
-        self.input_names = input_names
-        self.n_out = n_out
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(**dict(zip(self.input_names, inputs, strict=False)), return_dict=False)
-        return tuple(out[: self.n_out])
 
 
 def _build(

@@ -6,7 +6,8 @@ bytes. A weight the previous manifest proved stored *exactly* (the same bytes, b
 a known place: an ONNX initializer (external data offset, or inline in the proto) or an XNNPACK
 named-data segment of the .pte, whose key is the sha256 of its bytes and is repeated in the
 delegate payload. Patching writes the new bytes there and renames the key. Anything else changed
-(a folded, permuted, quantized or shared value) makes :func:`plan_patch` return ``None`` and the
+(a folded, quantized or shared value; a permuted one other than the recorded transposition of
+an ONNX MatMul weight) makes :func:`plan_patch` return ``None`` and the
 caller lowers normally. The patched files are copies (never the previous set's hard-linked
 files), and the caller proves them like any lowering: manifest re-read from disk, smoke run.
 """
@@ -47,6 +48,19 @@ class Change:
     data: bytes
 
 
+def _rewritable(target: str, e: WeightEntry) -> bool:
+    """Stored exactly, or (ONNX) stored as a recorded permutation of the weight."""
+    loc = e.locations[target]
+    if loc.status == "exact":
+        return True
+    return (
+        target == "onnx"
+        and loc.status == "transformed"
+        and loc.permutation is not None
+        and loc.stored_sha256 is not None
+    )
+
+
 def plan_patch(
     target: str,
     entries: Sequence[WeightEntry],
@@ -61,9 +75,7 @@ def plan_patch(
         return None
     changes: list[Change] = []
     where_count = Counter(
-        e.locations[target].where
-        for e in entries
-        if target in e.locations and e.locations[target].status == "exact"
+        e.locations[target].where for e in entries if target in e.locations and _rewritable(target, e)
     )
     # XNNPACK keys its named data by content: a value held by two entries is stored once.
     now = Counter(digests[e.name] for e in entries if e.name in digests)
@@ -73,8 +85,8 @@ def plan_patch(
         if digests[e.name] == e.sha256:
             continue
         loc = e.locations.get(target)
-        if loc is None or loc.status != "exact" or not loc.where or where_count[loc.where] != 1:
-            return None  # not stored as-is, or one stored copy serves several weights
+        if loc is None or not _rewritable(target, e) or not loc.where or where_count[loc.where] != 1:
+            return None  # not stored as-is (or as a known permutation), or one copy serves several
         if not loc.where.startswith(_PATCHABLE[target]):
             return None  # e.g. a .pte constant buffer outside the delegate: no patcher
         if e.sha256 in now or now[digests[e.name]] != 1:
@@ -82,9 +94,17 @@ def plan_patch(
             # content and the ONNX pipeline deduplicates equal initializers, so a fresh lowering
             # stores them once, which rewriting one place cannot reproduce.
             return None
-        changes.append(
-            Change(e.name, loc.where, e.sha256, digests[e.name], bytes(tensor_bytes(tensors[e.name])))
-        )
+        tensor = tensors[e.name]
+        if loc.status == "transformed":
+            # A MatMul's weight the ONNX pipeline stored transposed: the new value, permuted the
+            # same way, replaces the stored bytes (which the manifest proved are the permutation).
+            assert loc.permutation is not None and loc.stored_sha256 is not None
+            data = bytes(tensor_bytes(tensor.detach().permute(*loc.permutation).contiguous()))
+            changes.append(
+                Change(e.name, loc.where, loc.stored_sha256, hashlib.sha256(data).hexdigest(), data)
+            )
+            continue
+        changes.append(Change(e.name, loc.where, e.sha256, digests[e.name], bytes(tensor_bytes(tensor))))
     return changes
 
 

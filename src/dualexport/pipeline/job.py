@@ -278,12 +278,13 @@ class TargetJob:
             _remove(staging.iterdir())
             return None
         self.shared.defer_decomposition(self.target, self._decompose)
-        # Same graph, so the same reasons for weights the target does not store as-is.
+        # Same graph, so the same reasons for weights the target does not store as-is (not
+        # stored, or stored as a transposed copy).
         notes = {
             n: loc.reason
             for e in prev.manifest.entries
             for loc in [e.locations.get(self.target)]
-            if loc is not None and loc.status == "not_stored" and loc.reason
+            if loc is not None and loc.status in ("not_stored", "transformed") and loc.reason
             for n in e.names
         }
         logger.info("%s: weights-only change, %d weight(s) patched", self.target, len(changes))
