@@ -214,3 +214,42 @@ def test_two_clones_at_different_paths_agree_and_an_edited_copy_does_not(tmp_pat
     ka, kb, ke = key(a), key(b), key(edited)
     assert len(ka) == 64 and ka == kb
     assert ke != ka
+
+
+def test_same_program_gives_the_same_bytes_whatever_the_process_compiled_before(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A long-lived process (a reused Ray worker) must write what a fresh one writes: FX names
+    its generated code ``<eval_with_key>.N`` with a process-wide count, and the ONNX node
+    metadata quotes it; the count is dropped."""
+    from dualexport.loading import hf_model
+
+    cfg = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=32,
+    )
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    first = dx.export(
+        hf_model("LlamaConfig", cfg, task="causal-lm"),
+        (ids,),
+        target="onnx",
+        out_dir=tmp_path / "a",
+        cache=False,
+    )
+    for _ in range(3):  # the process compiles other graph modules in between
+        torch.fx.symbolic_trace(MLP())
+    again = dx.export(
+        hf_model("LlamaConfig", cfg, task="causal-lm"),
+        (ids,),
+        target="onnx",
+        out_dir=tmp_path / "b",
+        cache=False,
+    )
+    a, b = (r.artifacts["onnx"].path.read_bytes() for r in (first, again))
+    assert b"<eval_with_key>" in a  # the traces are there, without the count
+    assert a == b

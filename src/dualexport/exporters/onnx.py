@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import pathlib
+import re
 from typing import Any, ClassVar
 
 import torch
@@ -45,6 +46,27 @@ def target_opset(options: ExportOptions | None) -> int:
     from torch.onnx import _constants
 
     return (options.onnx_opset if options is not None else None) or _constants.ONNX_DEFAULT_OPSET
+
+
+_GENERATED = re.compile(r"<eval_with_key>\.\d+")
+
+
+def _reproducible_traces(model: Any) -> None:
+    """Stack traces in node metadata name FX's generated code as ``<eval_with_key>.N``, where N
+    counts every graph module this process compiled before: the same program would give
+    different bytes in a fresh process and in a long-lived one (a reused Ray worker). The count
+    carries no information, so it is dropped."""
+    import onnx_ir as ir
+
+    def fix(graph: Any) -> None:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            trace = node.metadata_props.get("pkg.torch.onnx.stack_trace")
+            if trace and "<eval_with_key>" in trace:
+                node.metadata_props["pkg.torch.onnx.stack_trace"] = _GENERATED.sub("<eval_with_key>", trace)
+
+    fix(model.graph)
+    for fn in model.functions.values():
+        fix(fn)
 
 
 @functools.lru_cache(maxsize=4)
@@ -212,6 +234,7 @@ class OnnxExporter:
         else:
             RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
+        _reproducible_traces(model)
 
         path = staging / f"{name}.onnx"
         data_name = f"{name}.onnx.data"

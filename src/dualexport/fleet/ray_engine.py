@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import pathlib
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -75,6 +77,10 @@ def ray_task(
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.write_bytes(data)
         rec = run_entry(e, root, attempts=attempt)
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        rec = rec.with_(worker=f"{rec.worker} node {node[:12]}")
         files = entry_files(folder) if folder.is_dir() else []
         hashes = {f.relative_to(folder).as_posix(): file_record(f, folder).sha256 for f in files}
         payload = None if shared_dir else {f.relative_to(folder).as_posix(): f.read_bytes() for f in files}
@@ -126,7 +132,24 @@ def _publish(
             dst.write_bytes(data)
 
 
-def _ray() -> Any:
+def _token_mode_for(address: str | None) -> None:
+    """Choose Ray's token mode (see ``_connect``) before ``import ray`` reads it."""
+    token = (
+        bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"))
+        or (pathlib.Path.home() / ".ray" / "auth_token").is_file()
+    )
+    if address is not None and token and "RAY_AUTH_MODE" not in os.environ:
+        if "ray" in sys.modules:
+            logger.warning(
+                "ray was imported before dualexport could set RAY_AUTH_MODE=token; "
+                "if the cluster refuses the connection, set it yourself"
+            )
+        logger.info("connecting to %s with the Ray token (RAY_AUTH_MODE=token)", address)
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _ray(address: str | None = None) -> Any:
+    _token_mode_for(address)
     try:
         import ray
     except ImportError as exc:
@@ -134,6 +157,25 @@ def _ray() -> Any:
             "the Ray engine needs ray", hint="pip install 'dualexport[fleet]' (or ray==2.60.0)"
         ) from exc
     return ray
+
+
+def _connect(ray: Any, address: str | None) -> None:
+    """``ray.init`` for the cluster at ``address`` (None: a local Ray instance).
+
+    Why the token mode: ``ray start --head`` (Ray 2.60) turns token authentication on and keeps
+    the token in ``~/.ray/auth_token``, but a driver that connects by address with
+    ``RAY_AUTH_MODE`` unset does not send it and is refused (and the mode is read once per
+    process, so a second try cannot fix it). With a token at hand and no mode chosen, the driver
+    connects in token mode, which a cluster without authentication accepts too. Ray reads the
+    mode when it is imported, so ``_ray`` sets it before the import."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except Exception as exc:
+        raise InputError(
+            f"cannot connect to a Ray cluster at {address!r}: {str(exc).splitlines()[0]}",
+            hint="start one with `ray start --head --port=PORT` and pass --ray 127.0.0.1:PORT; a cluster "
+            "with token authentication needs its token (RAY_AUTH_TOKEN or ~/.ray/auth_token)",
+        ) from exc
 
 
 _DIED = (
@@ -160,21 +202,10 @@ def run_ray(
 ) -> tuple[dict[str, EntryRecord], int]:
     """Run ``entries`` as Ray tasks on the cluster at ``address`` (None: a local Ray instance);
     the records by name, and the cluster's CPUs."""
-    ray = _ray()
+    ray = _ray(address)
     initialized_here = not ray.is_initialized()
     if initialized_here:
-        try:
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-            )
-        except Exception as exc:
-            raise InputError(
-                f"cannot connect to a Ray cluster at {address!r}: {exc}",
-                hint="start one with `ray start --head --port=PORT` and pass --ray 127.0.0.1:PORT",
-            ) from exc
+        _connect(ray, address)
     task = ray.remote(ray_task)
     cpus = int(ray.cluster_resources().get("CPU", 0)) or 1
     tally = Tally(len(entries), time.monotonic())
