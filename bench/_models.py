@@ -78,6 +78,41 @@ def big_mlp(width: int = 4096) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return m, (torch.randn(4, 2048),)
 
 
+def mlp_201m() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The issue's 201 M-parameter MLP (805 MB): 4096 -> 8192 -> 8192 -> 8192 -> 4096."""
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Linear(4096, 8192),
+        nn.ReLU(),
+        nn.Linear(8192, 8192),
+        nn.ReLU(),
+        nn.Linear(8192, 8192),
+        nn.ReLU(),
+        nn.Linear(8192, 4096),
+    ).eval()
+    return m, (torch.randn(4, 4096),)
+
+
+def llama_2g() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A Llama-style decoder past 2 GiB of fp32 weights (tests/test_big_model.py's model: 10
+    layers, hidden 2048, MLP 5632, GQA 32:4, untied 32000-token embedding and head; 2.13 GiB)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from dualexport.loading import hf_model
+
+    config = dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=10,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    model = hf_model("LlamaConfig", config, task="causal-lm", seed=0)
+    return model, (torch.randint(0, 32000, (1, 8), generator=torch.Generator().manual_seed(0)),)
+
+
 def weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.state_dict().values())
 

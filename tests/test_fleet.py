@@ -265,6 +265,45 @@ def test_killed_worker_and_timeout_fail_only_their_entry(tmp_path: pathlib.Path)
         assert not [p.name for p in (out / "victim").glob("victim.*")]
 
 
+def test_memory_admission_keeps_two_entries_apart_when_both_do_not_fit(tmp_path: pathlib.Path) -> None:
+    """The budget covers the whole batch (this process, the fork server, the running entries):
+    with room for what is held now plus one entry's declared peak but not two, two workers run
+    the entries one after the other; with the default budget they overlap."""
+    import os
+
+    from dualexport.fleet import tree_pss_mb
+
+    manifest = tmp_path / "zoo.toml"
+    manifest.write_text(
+        textwrap.dedent(
+            """\
+            [defaults]
+            inputs = ["2x16:float32"]
+            memory_mb = 3000
+
+            [models.a]
+            model = "dualexport.examples:TinyMLP"
+            [models.b]
+            model = "dualexport.examples:TinyMLP"
+            """
+        )
+    )
+    held = tree_pss_mb(os.getpid())
+    # one entry fits (the fork server's imports take well under 2000 MB); a second would need
+    # 3000 MB more than the 2000 MB left beside the first
+    tight = dx.batch(manifest, tmp_path / "tight", workers=2, memory_budget_mb=held + 3000 + 2000)
+    loose = dx.batch(manifest, tmp_path / "loose", workers=2)
+
+    def spans(record: BatchRecord) -> list[tuple[float, float]]:
+        assert [e.status for e in record.entries] == ["passed", "passed"]
+        return sorted((e.started or 0.0, (e.started or 0.0) + e.seconds) for e in record.entries)
+
+    (_, end_first), (start_second, _) = spans(tight)
+    assert start_second >= end_first  # admitted only once the first had finished
+    (_, end_first), (start_second, _) = spans(loose)
+    assert start_second < end_first  # room for both: they ran side by side
+
+
 def test_batch_refuses_bad_arguments(tmp_path: pathlib.Path) -> None:
     with pytest.raises(InputError, match="engine"):
         dx.batch(REPO / "examples" / "zoo.toml", tmp_path, engine="slurm")

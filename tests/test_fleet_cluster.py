@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import dualexport as dx
+from dualexport.fleet import load_batch
 
 pytestmark = pytest.mark.slow
 
@@ -93,11 +94,19 @@ def test_ray_head_on_loopback_matches_local(local_run: dx.BatchRecord, tmp_path:
         capture_output=True,
         timeout=180,
     )
-    try:
-        record = dx.batch(ZOO, tmp_path / "out", engine="ray", address=f"127.0.0.1:{port}")
+    try:  # the driver as users run it: the CLI, in its own process (Ray's auth mode is per process)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dualexport", "batch", str(ZOO), "--out", str(tmp_path / "out")]
+            + ["--ray", f"127.0.0.1:{port}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
     finally:
         subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
-        os.environ.pop("RAY_AUTH_MODE", None)  # set by the driver for this head's token
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = load_batch(tmp_path / "out")
     assert record.engine == "ray" and record.address == f"127.0.0.1:{port}"
     assert _results(record) == _results(local_run)
     for e in record.entries:  # the files arrived in the driver's folder, checked against their hashes

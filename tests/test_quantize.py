@@ -180,3 +180,28 @@ def test_int8_parity_from_disk_uses_the_saved_float_model(qres: dx.ExportResult)
     report, _, werr, _ = compare_dir(qres.out_dir)
     assert werr is None and report.ok
     assert any("quantization noise" in t.source for o in report.outputs for t in o.tolerance.values())
+
+
+def test_a_process_whose_first_export_was_float_still_exports_int8(tmp_path: pathlib.Path) -> None:
+    """A reused worker (a Ray worker runs many entries): a float export first builds torch.onnx's
+    translation table, then an int8 export in the same process must still find the
+    quantized_decomposed translations (found on a two-node Ray cluster; the local engine's
+    fork server hid it by importing ExecuTorch first)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import torch, dualexport as dx
+from models import MLP
+x = (torch.randn(4, 16),)
+dx.export(MLP(), x, out_dir={str(tmp_path / "f")!r}, name="f", target="onnx", cache=False)
+cal = [(torch.randn(4, 16, generator=torch.Generator().manual_seed(i)),) for i in range(4)]
+r = dx.export(MLP(), x, out_dir={str(tmp_path / "q")!r}, name="q", target="onnx", cache=False,
+              quantize="int8", calibration=cal)
+assert not r.errors and "onnx" in r.artifacts, r.errors
+"""
+    tests = str(pathlib.Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tests, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

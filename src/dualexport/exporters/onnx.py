@@ -73,6 +73,10 @@ def _reproducible_traces(model: Any) -> None:
 def _registry(opset: int = 18) -> Any:
     """torch.onnx's translation table for ``opset`` (torchlib translates from 18 up; lower
     opsets are reached by converting the model afterwards, as torch.onnx.export does)."""
+    # The table resolves each translation's op when it is built, and is cached for the process:
+    # without the quantized_decomposed library defined first, a process whose first export is
+    # not quantized (a reused Ray worker) could never translate a quantized one afterwards.
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
     from torch.onnx._internal.exporter import _registration
 
     return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18))

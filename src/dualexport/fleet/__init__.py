@@ -7,6 +7,7 @@ from .batch import BATCH_HTML, BATCH_JSON, ENGINES, batch
 from .diff import diff_batches, load_batch
 from .estimate import Estimate, estimate_entry
 from .manifest import Entry, Malformed, Manifest, parse_manifest, read_manifest
+from .memory import TreeSampler, tree_pss_mb
 from .progress import BatchEvent, ProgressCallback
 from .record import BATCH_SCHEMA, STATUSES, BatchRecord, EntryRecord, FileRecord, ParitySummary, TargetRecord
 
@@ -25,6 +26,8 @@ __all__ = [
     # memory admission
     "Estimate",
     "estimate_entry",
+    "tree_pss_mb",
+    "TreeSampler",
     # progress
     "BatchEvent",
     "ProgressCallback",

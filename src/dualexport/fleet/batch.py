@@ -22,6 +22,7 @@ from ..outputs import atomic_write_text, export_lock, prepare_out_dir
 from .diff import diff_batches, load_batch
 from .estimate import Estimate, available_mb, estimate_entries
 from .manifest import Entry, Malformed, Manifest, names_unique, read_manifest
+from .memory import tree_pss_mb
 from .progress import ProgressCallback
 from .record import BatchRecord, EntryRecord
 from .worker import ENTRY_SUFFIX
@@ -77,8 +78,10 @@ def batch(
     ``out_dir/<name>/``; write ``out_dir/batch.json`` and ``out_dir/batch.html``; return the record.
 
     ``engine="local"`` runs a child process per entry, at most ``workers`` at once (default: the
-    cores), admitted while their estimated peaks fit ``memory_budget_mb`` (default: 80% of the
-    memory available now). ``engine="ray"`` runs Ray tasks on the cluster at ``address`` (None:
+    cores), admitted while the whole batch fits ``memory_budget_mb``: this process, the fork
+    server and each running entry (at the larger of its estimated peak and its measured PSS),
+    plus the next entry's estimate (default budget: what the batch holds now plus 80% of the
+    memory available). ``engine="ray"`` runs Ray tasks on the cluster at ``address`` (None:
     a local Ray instance), retried ``retries`` times when a worker dies; ``shared_dir`` names a
     folder every node sees, to return files through it instead of the object store.
     ``compare_to``: an earlier run's ``batch.json`` (or its folder): the record's ``diff`` lists
@@ -108,7 +111,7 @@ def batch(
             context(start_method, [e.hf for e in run if e.hf is not None])
         previous = {e.name: _previous_record(out, e.name) for e in manifest.entries}
         estimates: dict[str, Estimate] = estimate_entries(run, previous, method=start_method)
-        budget = memory_budget_mb or available_mb() * BUDGET_SHARE
+        budget = memory_budget_mb or tree_pss_mb(os.getpid()) + available_mb() * BUDGET_SHARE
         records: dict[str, EntryRecord]
         if engine == "local":
             from .local import run_local

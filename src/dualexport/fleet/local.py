@@ -30,6 +30,7 @@ from typing import Any
 from ..outputs import export_lock, recover
 from .estimate import Estimate
 from .manifest import Entry
+from .memory import tree_pss_mb
 from .processes import context as _context
 from .processes import kill_group as _kill_group
 from .progress import ProgressCallback, Tally
@@ -189,19 +190,28 @@ def run_local(
         if on_event is not None:
             on_event(tally.event(kind, name, time.monotonic(), **kw))
 
+    def charged() -> float:
+        """What the batch holds now: this process and the fork server (measured), plus each
+        running entry at the larger of its estimate and its measured tree (an estimate that
+        was too low is corrected as soon as the child grows past it)."""
+        pids = frozenset(r.proc.pid for r in running.values() if r.proc.pid is not None)
+        held = tree_pss_mb(os.getpid(), exclude=pids)
+        return held + sum(max(r.estimate.mb, tree_pss_mb(r.proc.pid or 0)) for r in running.values())
+
     def admit() -> None:
         while pending and len(running) < workers:
-            used = sum(r.estimate.mb for r in running.values())
+            used = charged()
             pick = next((e for e in pending if used + estimates[e.name].mb <= budget_mb), None)
             if pick is None:
                 if running:
                     return
                 pick = pending[0]
                 logger.warning(
-                    "%s needs ~%.0f MB, over the budget of %.0f MB: it runs alone",
+                    "%s needs ~%.0f MB, over what the budget of %.0f MB leaves (%.0f MB held): it runs alone",
                     pick.name,
                     estimates[pick.name].mb,
                     budget_mb,
+                    used,
                 )
             pending.remove(pick)
             parent_conn, child_conn = ctx.Pipe(duplex=False)

@@ -19,6 +19,7 @@ import logging
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -132,20 +133,40 @@ def _publish(
             dst.write_bytes(data)
 
 
+def _needs_token(address: str) -> bool:
+    """Whether the cluster at ``address`` refuses a client without the token: asked of its GCS
+    in a child process (the mode is read once per process, at ``import ray``)."""
+    if address == "auto" or "://" in address:
+        return True  # not probed: the token is sent, as Ray itself does for a local cluster
+    code = (
+        "import sys; from ray._raylet import GcsClient; "
+        "GcsClient(address=sys.argv[1]).internal_kv_get(b'dualexport-probe', None, timeout=20)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, address], env=env, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return True
+    return proc.returncode != 0 and "AuthenticationError" in proc.stderr
+
+
 def _token_mode_for(address: str | None) -> None:
     """Choose Ray's token mode (see ``_connect``) before ``import ray`` reads it."""
     token = (
         bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"))
         or (pathlib.Path.home() / ".ray" / "auth_token").is_file()
     )
-    if address is not None and token and "RAY_AUTH_MODE" not in os.environ:
-        if "ray" in sys.modules:
-            logger.warning(
-                "ray was imported before dualexport could set RAY_AUTH_MODE=token; "
-                "if the cluster refuses the connection, set it yourself"
-            )
-        logger.info("connecting to %s with the Ray token (RAY_AUTH_MODE=token)", address)
-        os.environ["RAY_AUTH_MODE"] = "token"
+    if address is None or not token or "RAY_AUTH_MODE" in os.environ or not _needs_token(address):
+        return
+    if "ray" in sys.modules:
+        logger.warning(
+            "ray was imported before dualexport could set RAY_AUTH_MODE=token; "
+            "if the cluster refuses the connection, set it yourself"
+        )
+    logger.info("%s asks for the Ray token: connecting with RAY_AUTH_MODE=token", address)
+    os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _ray(address: str | None = None) -> Any:
@@ -165,9 +186,12 @@ def _connect(ray: Any, address: str | None) -> None:
     Why the token mode: ``ray start --head`` (Ray 2.60) turns token authentication on and keeps
     the token in ``~/.ray/auth_token``, but a driver that connects by address with
     ``RAY_AUTH_MODE`` unset does not send it and is refused (and the mode is read once per
-    process, so a second try cannot fix it). With a token at hand and no mode chosen, the driver
-    connects in token mode, which a cluster without authentication accepts too. Ray reads the
-    mode when it is imported, so ``_ray`` sets it before the import."""
+    process, so a second try cannot fix it). With a token at hand and no mode chosen, the cluster
+    is asked first (``_needs_token``): the driver must not turn token mode on for a cluster
+    without authentication either, whose workers then call back to a driver that refuses them
+    (results lost as ``OwnerDiedError``: found on a ``ray.cluster_utils.Cluster`` while a token
+    from an earlier ``ray start`` sat in ``~/.ray``). Ray reads the mode when it is imported, so
+    ``_ray`` sets it before the import."""
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:

@@ -171,6 +171,7 @@ class EntryRecord:
     worker: str | None = None
     digest: str | None = None
     carried: bool = False
+    started: float | None = None  # Unix time the worker began the entry (when, and alongside what)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -205,6 +206,7 @@ class EntryRecord:
             "worker": self.worker,
             "digest": self.digest,
             "carried": self.carried,
+            "started": self.started,
         }
 
     @classmethod
@@ -230,6 +232,7 @@ class EntryRecord:
             worker=d.get("worker"),
             digest=d.get("digest"),
             carried=bool(d.get("carried", False)),
+            started=_float(d.get("started")),
         )
 
 

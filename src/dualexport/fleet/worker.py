@@ -165,6 +165,7 @@ def run_entry(
         attempts=attempts,
         worker=f"{socket.gethostname()}:{os.getpid()}",
         digest=digest,
+        started=round(time.time(), 3),
     )
 
     def done(rec: EntryRecord) -> EntryRecord:

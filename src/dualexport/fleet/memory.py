@@ -1,0 +1,92 @@
+"""Memory of a whole process tree: the sum of PSS (proportional set size) over a process and all
+its descendants. PSS splits a page shared by k processes into k parts, so the sum is the
+physical memory the tree holds: a child forked from the fork server (or an export's forked
+smoke run) is not charged again for the pages it shares with its parent, which VmRSS/VmHWM of
+each process would count once per process. The local engine's admission charges running
+entries by it; the benchmarks sample it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from types import TracebackType
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every descendant alive now."""
+    seen: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+def pss_mb(pid: int) -> float:
+    """PSS of one process in MB (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def tree_pss_mb(pid: int, exclude: frozenset[int] = frozenset()) -> float:
+    """PSS of ``pid`` and its descendants, in MB, leaving out the subtrees rooted at ``exclude``."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in exclude:
+            continue
+        total += pss_mb(p)
+        todo.extend(_children(p))
+    return total
+
+
+class TreeSampler:
+    """Samples :func:`tree_pss_mb` of ``pid`` every ``interval`` seconds in a thread; ``peak``
+    and ``peak_processes`` (how many were alive at the peak) once the block exits."""
+
+    def __init__(self, pid: int | None = None, interval: float = 0.05) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self.interval = interval
+        self.peak = 0.0
+        self.peak_processes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids = tree(self.pid)
+            total = sum(pss_mb(p) for p in pids)
+            self.samples += 1
+            if total > self.peak:
+                self.peak, self.peak_processes = total, len(pids)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
