@@ -97,6 +97,24 @@ def test_an_altered_expected_output_fails_and_is_named(bundled: dx.ExportResult,
     assert bad == {("bundle:seed0/out0", "onnx"), ("bundle:seed1/out0", "xnnpack")}
 
 
+def test_int8_bundles_carry_the_quantized_tolerance(tmp_path: pathlib.Path) -> None:
+    """An int8 program's bundles are judged as ``dx.compare`` judges it (one quantization step,
+    or the SNR cap without a float model): ONNX Runtime requantizes with its own rounding, so
+    with the float tolerance its selftest failed an export whose compare passed."""
+    model, args = _model()
+    g = torch.Generator().manual_seed(3)
+    cal = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(8)]
+    res = dx.export(model, args, out_dir=tmp_path, name="q", quantize="int8", calibration=cal, bundle=True)
+    assert not res.errors and dx.compare(res).ok
+    artifacts = json.loads((tmp_path / "q.weights.json").read_text())["artifacts"]
+    for target in ("onnx", "xnnpack"):
+        (tol,) = artifacts[target]["bundle"]["tolerances"]
+        assert tol["or_snr_db"] is not None and "quantization step" in tol["source"]
+    report, _ = run_selftest(tmp_path)
+    assert report.ok, report.to_markdown()
+    assert main(["selftest", str(tmp_path)]) == EXIT_OK
+
+
 def test_a_stateful_model_is_refused_before_lowering(tmp_path: pathlib.Path) -> None:
     from zoo.models import BufferCounter
 

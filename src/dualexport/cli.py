@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="MB",
         default=None,
-        help="admit entries while their estimated peaks fit (default: 80%% of the available memory)",
+        help="memory of the whole batch (this process, the fork server, running entries) in MB; entries are admitted while it holds (default: what the batch holds at start + 80%% of the available memory)",
     )
     b.add_argument("--compare-to", metavar="OLD", default=None, help="an earlier run's batch.json or folder")
     b.add_argument(

@@ -52,6 +52,7 @@ def _tolerance(record: Mapping[str, Any], index: int) -> Tolerance:
         str(t.get("source", "bundle")),
         scale=float(t.get("scale", 0.0)),
         min_snr_db=t.get("min_snr_db"),
+        or_snr_db=t.get("or_snr_db"),
     )
 
 

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..parity.inputs import generate_input_sets
-from ..parity.tolerances import tolerance_for
+from ..parity.tolerances import quantized_tolerance, tolerance_for
 from ..runtimes.eager import EagerRunner
 from ..shared_state import SharedProgram
 from ..shared_state.contract import is_stateful
@@ -68,16 +68,22 @@ def _sha(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def _tolerances(target: str, outputs: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+def _tolerances(
+    target: str, outputs: Sequence[torch.Tensor], quant_steps: Mapping[int, float]
+) -> list[dict[str, Any]]:
+    """The parity table's tolerance of each output: an int8 program's quantized outputs get
+    ``quantized_tolerance`` (one step, or the SNR cap: no float model on the device), as
+    ``dx.compare`` judges them; float outputs the runtime's default."""
     out = []
-    for o in outputs:
-        tol = tolerance_for(target, o.dtype)
+    for i, o in enumerate(outputs):
+        tol = quantized_tolerance(quant_steps[i]) if i in quant_steps else tolerance_for(target, o.dtype)
         out.append(
             {
                 "rtol": tol.rtol,
                 "atol": tol.atol,
                 "scale": tol.scale,
                 "min_snr_db": tol.min_snr_db,
+                "or_snr_db": tol.or_snr_db,
                 "source": tol.source,
             }
         )
@@ -143,7 +149,10 @@ def write_bundles(
     example: list[torch.Tensor],
 ) -> dict[str, Any]:
     """Write each published target's bundle into the set's folder; the manifest record."""
+    from ..shared_state.quantize import output_quant_steps
+
     cases = bundle_sets(shared, example)
+    steps = output_quant_steps(shared.exported_program)
     record: dict[str, Any] = {"sets": [label for label, _, _ in cases]}
     if "xnnpack" in published:
         bpte = set_dir / f"{name}{BPTE_SUFFIX}"
@@ -151,7 +160,7 @@ def write_bundles(
         record["xnnpack"] = {
             "file": bpte.name,
             "sha256": _sha(bpte),
-            "tolerances": _tolerances("xnnpack", cases[0][2]),
+            "tolerances": _tolerances("xnnpack", cases[0][2], steps),
         }
     if "onnx" in published:
         folder = set_dir / f"{name}{ONNX_TESTS_SUFFIX}"
@@ -159,6 +168,6 @@ def write_bundles(
         record["onnx"] = {
             "folder": folder.name,
             "files": files,
-            "tolerances": _tolerances("onnx", cases[0][2]),
+            "tolerances": _tolerances("onnx", cases[0][2], steps),
         }
     return record
