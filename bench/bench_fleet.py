@@ -12,11 +12,13 @@
    their forked smoke runs) sampled every 50 ms: its peak against the budget, and the most
    entries that ran at once.
 
-Usage: python bench/bench_fleet.py [--quick]   (--quick: part 1 and the 12-entry rerun only)
+Usage: python bench/bench_fleet.py [--quick | --scale]   (--quick: 1 and the 12-entry re-run;
+--scale: the 24-entry re-run and 3)
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import re
@@ -30,6 +32,7 @@ from dualexport.fleet.memory import TreeSampler
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ZOO = REPO / "examples" / "zoo.toml"
 CLI = [sys.executable, "-m", "dualexport"]
+print = functools.partial(print, flush=True)  # progress shows while it runs
 ENV_VARS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 
 
@@ -59,9 +62,10 @@ def run_batch(manifest: pathlib.Path, out: pathlib.Path, *extra: str) -> tuple[f
 def doubled(tmp: pathlib.Path) -> pathlib.Path:
     """The zoo twice over: every entry again under ``<name>_b`` (same model, other folder)."""
     text = ZOO.read_text()
-    copy = re.sub(r"^\[models\.([A-Za-z0-9_]+)\]", r"[models.\1_b]", text.split("[models.", 1)[1], flags=re.M)
+    body = text[text.index("\n[models.") :]
+    copy = re.sub(r"^\[models\.([A-Za-z0-9_]+)\]", r"[models.\1_b]", body, flags=re.M)
     path = tmp / "zoo24.toml"
-    path.write_text(text + "\n[models." + copy)
+    path.write_text(text + copy)
     return path
 
 
@@ -71,45 +75,50 @@ def concurrency(record: dict) -> int:
     return max(sum(s <= t < end for s, end in spans) for t, _ in spans)
 
 
-def main(quick: bool) -> None:
+def main(quick: bool, scale_only: bool) -> None:
     n = len(re.findall(r"^\[models\.", ZOO.read_text(), flags=re.M))
     with tempfile.TemporaryDirectory() as d:
         tmp = pathlib.Path(d)
-        walls = {}
-        for workers in (1, 2):
-            wall, _, _ = run_batch(ZOO, tmp / f"w{workers}", "--workers", str(workers))
-            walls[workers] = wall
-            print(f"zoo ({n} entries), {workers} worker(s): {wall:.1f} s = {n / wall * 60:.1f} entries/min")
-        print(f"2 workers / 1 worker wall: {walls[2] / walls[1]:.2f}x")
+        if not scale_only:
+            throughput(n, tmp)
+        if not quick:
+            scale(n, tmp)
 
-        again, _, rec = run_batch(ZOO, tmp / "w2", "--workers", "2")
-        outcomes = sorted({t["outcome"] for e in rec["entries"] for t in e["targets"].values()})
+
+def throughput(n: int, tmp: pathlib.Path) -> None:
+    walls = {}
+    for workers in (1, 2):
+        wall, _, _ = run_batch(ZOO, tmp / f"w{workers}", "--workers", str(workers))
+        walls[workers] = wall
+        print(f"zoo ({n} entries), {workers} worker(s): {wall:.1f} s = {n / wall * 60:.1f} entries/min")
+    print(f"2 workers / 1 worker wall: {walls[2] / walls[1]:.2f}x")
+
+    again, _, rec = run_batch(ZOO, tmp / "w2", "--workers", "2")
+    outcomes = sorted({t["outcome"] for e in rec["entries"] for t in e["targets"].values()})
+    print(
+        f"second run, unchanged zoo: {again:.1f} s = {again / walls[2]:.2f}x the first "
+        f"(aim <= 0.20x); outcomes {outcomes}"
+    )
+
+
+def scale(n: int, tmp: pathlib.Path) -> None:
+    zoo24 = doubled(tmp)
+    first, _, _ = run_batch(zoo24, tmp / "z24", "--workers", "2")
+    second, _, _ = run_batch(zoo24, tmp / "z24", "--workers", "2")
+    print(
+        f"zoo twice over ({2 * n} entries), 2 workers: first {first:.1f} s, second {second:.1f} s "
+        f"= {second / first:.2f}x"
+    )
+
+    for budget in (2500, 6000):
+        wall, peak, rec = run_batch(ZOO, tmp / f"b{budget}", "--workers", "2", "--memory-budget", str(budget))
         print(
-            f"second run, unchanged zoo: {again:.1f} s = {again / walls[2]:.2f}x the first "
-            f"(aim <= 0.20x); outcomes {outcomes}"
+            f"--memory-budget {budget} MB, 2 workers: peak PSS of the batch's process tree "
+            f"{peak:.0f} MB ({peak / budget:.2f}x the budget; "
+            f"{'under' if peak <= budget else 'OVER'}), at most {concurrency(rec)} entries at once, "
+            f"{wall:.1f} s"
         )
-        if quick:
-            return
-
-        zoo24 = doubled(tmp)
-        first, _, _ = run_batch(zoo24, tmp / "z24", "--workers", "2")
-        second, _, _ = run_batch(zoo24, tmp / "z24", "--workers", "2")
-        print(
-            f"zoo twice over ({2 * n} entries), 2 workers: first {first:.1f} s, second {second:.1f} s "
-            f"= {second / first:.2f}x"
-        )
-
-        for budget in (2500, 6000):
-            wall, peak, rec = run_batch(
-                ZOO, tmp / f"b{budget}", "--workers", "2", "--memory-budget", str(budget)
-            )
-            print(
-                f"--memory-budget {budget} MB, 2 workers: peak PSS of the batch's process tree "
-                f"{peak:.0f} MB ({peak / budget:.2f}x the budget; "
-                f"{'under' if peak <= budget else 'OVER'}), at most {concurrency(rec)} entries at once, "
-                f"{wall:.1f} s"
-            )
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv)
+    main("--quick" in sys.argv, "--scale" in sys.argv)
