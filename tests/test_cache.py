@@ -29,8 +29,13 @@ def test_unchanged_model_is_reused_and_still_proven(tmp_path: pathlib.Path) -> N
     model, x = MLP(), torch.randn(2, 16)
     cold = dx.export(model, (x,), out_dir=tmp_path, name="m")
     assert not cold.errors and _cached(cold) == set()
+    pt2 = (tmp_path / "m.pt2").stat().st_ino
     warm = dx.export(model, (x,), out_dir=tmp_path, name="m")
     assert _cached(warm) == {"onnx", "xnnpack"}
+    assert (tmp_path / "m.pt2").stat().st_ino == pt2  # the program was linked, not saved again
+    from dualexport.cli import EXIT_OK, main
+
+    assert main(["compare", str(tmp_path)]) == EXIT_OK  # compare DIR loads it as the reference
     assert warm.artifacts["xnnpack"].delegation == cold.artifacts["xnnpack"].delegation
     # a hit defers the decompositions (nothing reads them to reuse files); a look computes them
     assert warm.program._decomposed == {}
@@ -44,6 +49,7 @@ def test_unchanged_model_is_reused_and_still_proven(tmp_path: pathlib.Path) -> N
     assert warm.manifest.to_dict()["entries"] == cold.manifest.to_dict()["entries"]
     off = dx.export(model, (x,), out_dir=tmp_path, name="m", cache=False)
     assert _cached(off) == set()
+    assert (tmp_path / "m.pt2").stat().st_ino != pt2  # lowered: the program saved anew
 
 
 def test_changed_weight_misses(tmp_path: pathlib.Path) -> None:
