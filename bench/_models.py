@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 from typing import Any
 
 import torch
@@ -94,23 +95,15 @@ def mlp_201m() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def llama_2g() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A Llama-style decoder past 2 GiB of fp32 weights (tests/test_big_model.py's model: 10
+    """A Llama-style decoder past 2 GiB of fp32 weights: tests/test_big_model.py's model (10
     layers, hidden 2048, MLP 5632, GQA 32:4, untied 32000-token embedding and head; 2.13 GiB)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from dualexport.loading import hf_model
+    import sys
 
-    config = dict(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=10,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        vocab_size=32000,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    model = hf_model("LlamaConfig", config, task="causal-lm", seed=0)
-    return model, (torch.randint(0, 32000, (1, 8), generator=torch.Generator().manual_seed(0)),)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+    from test_big_model import _llama
+
+    return _llama(), (torch.randint(0, 32000, (1, 8), generator=torch.Generator().manual_seed(0)),)
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -265,6 +265,7 @@ def test_killed_worker_and_timeout_fail_only_their_entry(tmp_path: pathlib.Path)
         assert not [p.name for p in (out / "victim").glob("victim.*")]
 
 
+@pytest.mark.slow  # two batches: ~10 s
 def test_memory_admission_keeps_two_entries_apart_when_both_do_not_fit(tmp_path: pathlib.Path) -> None:
     """The budget covers the whole batch (this process, the fork server, the running entries):
     with room for what is held now plus one entry's declared peak but not two, two workers run

@@ -59,7 +59,7 @@ PHASES = [
     pytest.param("transform", id="transform"),
     pytest.param("onnx", id="onnx-lowered-not-committed"),
     pytest.param("xnnpack", id="xnnpack-after-onnx-done"),
-    pytest.param("manifest", id="before-manifest"),
+    pytest.param("manifest", id="before-manifest", marks=pytest.mark.slow),
     pytest.param("commit", id="between-two-renames-of-the-commit"),
 ]
 

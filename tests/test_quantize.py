@@ -182,6 +182,7 @@ def test_int8_parity_from_disk_uses_the_saved_float_model(qres: dx.ExportResult)
     assert any("quantization noise" in t.source for o in report.outputs for t in o.tolerance.values())
 
 
+@pytest.mark.slow  # a fresh interpreter: ~12 s
 def test_a_process_whose_first_export_was_float_still_exports_int8(tmp_path: pathlib.Path) -> None:
     """A reused worker (a Ray worker runs many entries): a float export first builds torch.onnx's
     translation table, then an int8 export in the same process must still find the

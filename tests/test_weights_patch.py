@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -98,6 +99,7 @@ def test_folded_weight_change_relowers_xnnpack_only(tmp_path: pathlib.Path) -> N
     assert _patched(again) == {"onnx": 1}
 
 
+@pytest.mark.slow  # fallback cases beyond the default run's budget
 def test_shared_bytes_are_not_patched(tmp_path: pathlib.Path) -> None:
     """Two zero biases are one XNNPACK named-data entry (keyed by content): changing one cannot
     be a byte patch, so XNNPACK lowers again."""
@@ -138,6 +140,7 @@ def test_changed_graph_is_not_patched(tmp_path: pathlib.Path) -> None:
     assert not any(isinstance(a.outcome, dx.Reused) for a in again.artifacts.values())
 
 
+@pytest.mark.slow  # fallback cases beyond the default run's budget
 def test_new_value_equal_to_another_weight_is_not_patched(tmp_path: pathlib.Path) -> None:
     """A changed bias becomes byte-equal to an unchanged one: a fresh lowering stores the two as
     one named-data entry (XNNPACK keys by content) and one initializer (the ONNX pipeline
