@@ -13,12 +13,26 @@ import logging
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .display import console, print_delegation, print_parity, print_weights
 from .errors import DualExportError, InputError, InternalError, ParityError, UserError, WeightMismatchError
-from .loading import build_dynamic_shapes, load_model, parse_dynamic, parse_input, parse_input_spec
+
+if TYPE_CHECKING:
+    from .loading import load_model, parse_input_spec
 
 __all__ = ["main", "parse_input_spec", "load_model"]
+
+
+def __getattr__(name: str) -> Any:
+    """``parse_input_spec`` and ``load_model`` (from ``loading``, which imports torch) on first
+    use: ``dualexport batch`` must reach its fork server before torch is imported."""
+    if name in ("parse_input_spec", "load_model"):
+        from . import loading
+
+        return getattr(loading, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
@@ -32,6 +46,7 @@ EXIT_CODES = """exit codes:
 
 def _cmd_export(ns: argparse.Namespace) -> int:
     from . import api
+    from .loading import build_dynamic_shapes, load_model, parse_dynamic, parse_input
 
     out = console()
     model = load_model(ns.model)
@@ -105,6 +120,10 @@ _EXIT_RANK = {EXIT_OK: 0, EXIT_CHECK_FAILED: 1, EXIT_USAGE: 2, EXIT_TARGET_FAILE
 
 
 def _cmd_batch(ns: argparse.Namespace) -> int:
+    if ns.ray is None:  # the local engine: its fork server imports the stack while this process does
+        from ._forkserver import prestart
+
+        prestart(ns.manifest)
     from .display import BatchProgress, print_batch
     from .fleet import batch
 
