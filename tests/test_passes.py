@@ -226,6 +226,23 @@ def test_rewrites_decline_what_they_cannot_keep() -> None:
 # ------------------------------------------------------------------------------ slow: the zoo
 _ZOO_LIVE = [c for c in ZOO if not c.xfail]
 
+#: Cases the plain libraries cannot export with every pass off: the canonicalization is what makes
+#: them export (test_canonical.py's strict xfails reproduce each as a user meets it). Here the
+#: default export is proven and the pass-off export must still fail the same way.
+_PLAIN_FAILS = {
+    "maxpool_default_stride": "IndexError: tuple index out of range",  # XNNPACK MaxPool2dConfig
+    "hf_t5_encoder": "Cannot view a tensor with shape",  # torch.onnx run_decompositions
+}
+
+
+def _plain_fails(case: Case, default: Any, tmp_path: pathlib.Path) -> bool:
+    if case.name not in _PLAIN_FAILS:
+        return False
+    _proven(case, default)
+    with pytest.raises(AssertionError, match=_PLAIN_FAILS[case.name]):
+        _export(case, tmp_path / "plain", optimize=False)
+    return True
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", _ZOO_LIVE, ids=[c.name for c in _ZOO_LIVE])
@@ -233,6 +250,8 @@ def test_zoo_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> No
     """Every zoo case, default passes and every pass off: both proven, and the passes never
     raise the number of XNNPACK subgraphs (the exceptions name why)."""
     default = _export(case, tmp_path / "default")
+    if _plain_fails(case, default, tmp_path):
+        return
     plain = _export(case, tmp_path / "plain", optimize=False)
     d, p = default.artifacts["xnnpack"].delegation, plain.artifacts["xnnpack"].delegation
     if case.name not in _MORE_OK:
@@ -252,6 +271,8 @@ _HF_LIVE = [c for c in HF_CASES if not c.xfail]
 def test_hf_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> None:
     """Real architectures, default passes and every pass off: never more subgraphs, both proven."""
     default = _export(case, tmp_path / "default")
+    if _plain_fails(case, default, tmp_path):
+        return
     plain = _export(case, tmp_path / "plain", optimize=False)
     d, p = default.artifacts["xnnpack"].delegation, plain.artifacts["xnnpack"].delegation
     assert d.subgraphs <= p.subgraphs, (d.to_markdown(), p.to_markdown())
