@@ -22,6 +22,7 @@ from typing import Any
 
 from .manifest import Entry
 from .record import EntryRecord
+from .worker import instantiate
 
 __all__ = [
     "Estimate",
@@ -62,7 +63,7 @@ def meta_weight_bytes(entry: Entry) -> int | None:
         import torch
 
         with torch.device("meta"):
-            model = build_model_on_meta(entry)
+            model = instantiate(entry)
         seen: set[int] = set()
         total = 0
         for t in [*model.parameters(), *model.buffers()]:
@@ -73,24 +74,6 @@ def meta_weight_bytes(entry: Entry) -> int | None:
     except Exception as exc:
         logger.info("cannot size %s on the meta device: %s", entry.name, exc)
         return None
-
-
-def build_model_on_meta(entry: Entry) -> Any:
-    from ..loading import hf_model, load_model
-
-    if entry.hf is not None:
-        return hf_model(
-            entry.hf,
-            entry.config,
-            model_class=entry.model_class,
-            task=entry.task,
-            input_names=entry.input_names,
-            outputs=entry.outputs,
-            attention=entry.attention,
-            seed=entry.seed,
-        )
-    assert entry.model is not None
-    return load_model(entry.model, search_path=entry.search_path)
 
 
 def _known(entry: Entry, previous: EntryRecord | None) -> Estimate | None:

@@ -24,14 +24,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and every descendant alive now."""
+def tree(pid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
+    """``pid`` and every descendant alive now, leaving out the subtrees rooted at ``exclude``."""
     seen: list[int] = []
     todo = [pid]
     while todo:
         p = todo.pop()
-        seen.append(p)
-        todo.extend(_children(p))
+        if p not in exclude:
+            seen.append(p)
+            todo.extend(_children(p))
     return seen
 
 
@@ -49,14 +50,7 @@ def pss_mb(pid: int) -> float:
 
 def tree_pss_mb(pid: int, exclude: frozenset[int] = frozenset()) -> float:
     """PSS of ``pid`` and its descendants, in MB, leaving out the subtrees rooted at ``exclude``."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        if p in exclude:
-            continue
-        total += pss_mb(p)
-        todo.extend(_children(p))
-    return total
+    return sum(pss_mb(p) for p in tree(pid, exclude))
 
 
 class TreeSampler:

@@ -51,16 +51,13 @@ def peak_rss_mb() -> float:
     return own + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def build_model(entry: Entry) -> tuple[Any, tuple[Any, ...], Any]:
-    """The entry's model (seeded, eval mode, BatchNorm statistics settled when asked), its
-    example arguments and its dynamic shapes spec."""
-    import torch
+def instantiate(entry: Entry) -> Any:
+    """The entry's model as its factory or Hugging Face config makes it (on whatever device is
+    the default: the estimate builds it on the meta device)."""
+    from ..loading import hf_model, load_model
 
-    from ..loading import build_dynamic_shapes, hf_model, load_model, settle_batchnorm
-
-    torch.manual_seed(entry.seed)
     if entry.hf is not None:
-        model = hf_model(
+        return hf_model(
             entry.hf,
             entry.config,
             model_class=entry.model_class,
@@ -70,10 +67,19 @@ def build_model(entry: Entry) -> tuple[Any, tuple[Any, ...], Any]:
             attention=entry.attention,
             seed=entry.seed,
         )
-    else:
-        assert entry.model is not None
-        model = load_model(entry.model, search_path=entry.search_path)
-    model = model.eval()
+    assert entry.model is not None
+    return load_model(entry.model, search_path=entry.search_path)
+
+
+def build_model(entry: Entry) -> tuple[Any, tuple[Any, ...], Any]:
+    """The entry's model (seeded, eval mode, BatchNorm statistics settled when asked), its
+    example arguments and its dynamic shapes spec."""
+    import torch
+
+    from ..loading import build_dynamic_shapes, settle_batchnorm
+
+    torch.manual_seed(entry.seed)
+    model = instantiate(entry).eval()
     args = tuple(spec.make(seed=entry.seed + i) for i, spec in enumerate(entry.inputs))
     if entry.bn_batches:
         batches = [
