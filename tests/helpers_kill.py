@@ -1,8 +1,10 @@
 """Child process of the kill test: export, but stop inside one phase and wait to be killed.
 
-Usage: python helpers_kill.py OUT NAME SEED PHASE MARKER
+Usage: python helpers_kill.py OUT NAME SEED PHASE MARKER [FEATURES]
+(with FEATURES, the export runs through the CLI with ``helpers_reliability:tiny<FEATURES>``)
 When the export reaches PHASE it writes MARKER (outside OUT) and sleeps; the parent then sends
-SIGKILL. Patching library seams here is fine: this script is the test's own process.
+SIGKILL. ``interrupt-<target>`` writes MARKER when that target's lowering starts and goes on
+working (the parent sends SIGINT there). Patching library seams here is fine: this script is the test's own process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 def main() -> None:
     out, name, seed, phase, marker = sys.argv[1:6]
+    features = sys.argv[6] if len(sys.argv) > 6 else ""
     marker_path = pathlib.Path(marker)
 
     def park() -> None:
@@ -35,7 +38,7 @@ def main() -> None:
     from dualexport.outputs import commit
     from helpers_reliability import tiny
 
-    model, args = tiny(int(seed))
+    model, args = tiny(int(seed), features=int(features)) if features else tiny(int(seed))
     transforms = []
     if phase == "capture":
         forward = model.forward
@@ -64,6 +67,16 @@ def main() -> None:
             return orig_xnn(self, *a, **k)
 
         XnnpackExporter.lower = lower_xnn
+    elif phase.startswith("interrupt-"):  # real work goes on: the marker says where it is
+        which = phase.removeprefix("interrupt-")
+        cls = {"onnx": OnnxExporter, "xnnpack": XnnpackExporter}[which]
+        orig = cls.lower
+
+        def lower_marked(self, *a, **k):
+            marker_path.write_text(phase)
+            return orig(self, *a, **k)
+
+        cls.lower = lower_marked
     elif phase == "manifest":  # both targets are done, the manifest is next
         import dualexport.pipeline.manifest as manifest
 
@@ -85,6 +98,12 @@ def main() -> None:
                 park()
 
         commit._move = move
+    if features:  # through the CLI, as a user runs it (its own exit path included)
+        from dualexport.cli import run
+
+        sys.argv = ["dualexport", "export", f"helpers_reliability:tiny{features}", "--input"]
+        sys.argv += [f"2x{features}:float32", "--out", out, "--name", name]
+        run()
     # cache=False: the previous set holds the same graph with other weights, which would be
     # patched, never reaching the lowering phases this test parks in.
     dx.export(model, args, out_dir=out, name=name, transforms=transforms, cache=False)

@@ -33,6 +33,11 @@ def tiny(seed: int, features: int = 4) -> tuple[Tiny, tuple[torch.Tensor]]:
     return m.eval(), (torch.randn(2, features, generator=g),)
 
 
+def tiny512() -> Tiny:
+    """A factory for the CLI (``helpers_reliability:tiny512``)."""
+    return tiny(2, features=512)[0]
+
+
 def weight_sha(model: nn.Module, name: str = "fc.weight") -> str:
     t = dict(model.state_dict())[name].detach().contiguous()
     return hashlib.sha256(t.numpy().tobytes()).hexdigest()

@@ -116,13 +116,45 @@ CASES = {
 }
 
 
+class KnownLimit(Exception):
+    """The plain library failed the way the case's reason says (not some unrelated crash)."""
+
+
+#: case -> (the exception the plain library raises, a pattern of its message or of a cause's)
+SIGNATURES: dict[str, tuple[type[BaseException], str]] = {
+    "t5_encoder": (RuntimeError, r"Cannot view a tensor with shape"),
+    "maxpool_default_stride": (IndexError, r"tuple index out of range"),
+    "dashed_module_names": (Exception, r"FuseBatchNormPass|is not in list"),
+}
+
+
+def _messages(exc: BaseException | None) -> str:
+    text = []
+    while exc is not None:
+        text.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(text)
+
+
 @pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CASES[c][2])) for c in CASES]
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CASES[c][2], raises=KnownLimit))
+        for c in CASES
+    ],
 )
 def test_plain_library_fails(case: str) -> None:
+    import re
+
     build, plain, _ = CASES[case]
     model, args = build()
-    plain(model, args)
+    kind, pattern = SIGNATURES[case]
+    try:
+        plain(model, args)
+    except kind as exc:
+        if re.search(pattern, _messages(exc)):
+            raise KnownLimit(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise
 
 
 @pytest.mark.parametrize("case", list(CASES))

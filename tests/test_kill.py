@@ -98,6 +98,56 @@ def test_sigkill_leaves_a_complete_set(phase: str, previous: pathlib.Path, tmp_p
     assert leftovers(out) == []
 
 
+@pytest.mark.parametrize("target", ["xnnpack", "onnx"])
+def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """SIGINT to the whole process group (a terminal's Ctrl-C: the CLI, its forked lowering
+    worker and its runtime children) while a target really lowers: the CLI stops within a few
+    seconds with exit code 130, the previous set is intact and nothing half-written is left."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(previous, out)
+    marker = tmp_path / "marker"
+    phase = f"interrupt-{target}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "helpers_kill.py"),
+            str(out),
+            NAME,
+            str(NEW_SEED),
+            phase,
+            str(marker),
+            "512",
+        ],
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(HERE)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the child never started lowering"
+            time.sleep(0.02)
+        assert proc.poll() is None, "the export finished before the interrupt"
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        err = proc.stdout.read().decode()
+        proc.stdout.close()
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:])
+    assert took < 5.0, f"the export took {took:.1f} s to stop"
+    assert assert_complete_set(out, NAME) == SHA[PREVIOUS_SEED]
+    assert leftovers(out) == []
+
+
 def test_compare_dir_finishes_an_interrupted_commit(previous: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """``dualexport compare DIR`` on a folder whose commit was killed halfway reads the new set."""
     import shutil

@@ -17,6 +17,7 @@ PLAIN_DECOMP = pytest.param(
     "plain",
     marks=pytest.mark.xfail(
         strict=True,
+        raises=AssertionError,
         reason="torch.export: run_decompositions returns a program with a copied "
         "state_dict dict (pytorch issue: run_decompositions doesn't keep the same state_dict)",
     ),

@@ -9,6 +9,7 @@ message says so). With ``export --strict`` any target failure raises and nothing
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import pathlib
 import sys
@@ -35,13 +36,16 @@ def __getattr__(name: str) -> Any:
 
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
+#: Ctrl-C, as shells report a process ended by SIGINT (128 + 2)
+EXIT_INTERRUPTED = 130
 
 EXIT_CODES = """exit codes:
   0  all good
   1  a parity or weight check failed
   2  bad usage or input (the message says what to try)
   3  a target failed to export (its error names the op, the node and the model line)
-  4  an internal error: a bug in dualexport or a library it drives, not in your input"""
+  4  an internal error: a bug in dualexport or a library it drives, not in your input
+  130  interrupted (Ctrl-C): nothing of the run was published"""
 
 
 def _cmd_export(ns: argparse.Namespace) -> int:
@@ -348,6 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     error: DualExportError
     try:
         return int(ns.func(ns))
+    except KeyboardInterrupt:
+        # The export's own cleanup already ran on the way out (staging removed, lock released,
+        # workers killed): say what is on disk.
+        console().print(
+            "[bold red]interrupted[/]: nothing of this run was published; the output folder holds "
+            "the previous set (or nothing)",
+            markup=True,
+        )
+        return EXIT_INTERRUPTED
     except UserError as exc:
         code, error, label = EXIT_USAGE, exc, "error"
     except (WeightMismatchError, ParityError) as exc:
@@ -372,5 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> None:
+    """The console script: ``main``, then exit without the interpreter's final collection of
+    everything the export built (FX graphs, lowered programs: 2 to 12 s of garbage collection at
+    exit measured here, which made Ctrl-C look ignored)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    run()

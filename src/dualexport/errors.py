@@ -170,6 +170,11 @@ class RuntimeExecutionError(DualExportError):
     phase = "runtime-execution"
 
 
+class ProofMismatchError(RuntimeExecutionError):
+    """A file ran but did not compute the shared program's outputs within its target's tolerance
+    when the export proved it (lowered, reused or patched alike): it was not published."""
+
+
 class ParityError(DualExportError):
     """The parity check itself could not run (mismatched outputs, bad inputs)."""
 

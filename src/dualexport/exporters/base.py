@@ -47,6 +47,15 @@ class ExportOptions:
     #: other bytes under a weight's name (ONNX Runtime fuses BatchNorm at load instead)
     onnx_passes: bool = True
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ExportOptions:
+        """Options recorded in a manifest (unknown keys, from another version, are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
     def plain(self) -> ExportOptions:
         """These options with every dualexport pass off: the programs the plain libraries would
         lower (``dx.export(optimize=False)``)."""
@@ -69,6 +78,9 @@ class LoweredTarget:
     ops: tuple[str, ...] = ()
     delegation: DelegationReport | None = None
     weight_notes: dict[str, str] = field(default_factory=dict)
+    #: stored tensors the target computed from weights (an ONNX initializer constant-folded from
+    #: them): stored name -> the weights it came from (the manifest records them as ``derived``)
+    derived_copies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: every tensor the lowered program still holds, by name (invariant 2: each must be the
     #: holder's own object); the job checks and drops them before the result crosses a process
     kept_tensors: Mapping[str, Any] = field(default_factory=dict)

@@ -22,9 +22,10 @@ import pickle
 import select
 import signal
 import sys
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from .._proc import StallWatch
 
 __all__ = ["ForkedCall", "STALL_SECONDS", "parallel_worthwhile"]
 
@@ -58,15 +59,6 @@ def _die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])  # utime + stime
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 class ForkedCall(Generic[T]):
@@ -117,7 +109,7 @@ class ForkedCall(Generic[T]):
     def result(self) -> T | None:
         """The child's return value, or ``None`` if it failed, crashed or stalled."""
         chunks: list[bytes] = []
-        last_ticks, last_change = _cpu_ticks(self._pid), time.monotonic()
+        watch = StallWatch(self._pid, STALL_SECONDS)
         try:
             while True:
                 ready, _, _ = select.select([self._read], [], [], 1.0)
@@ -126,12 +118,9 @@ class ForkedCall(Generic[T]):
                     if not chunk:
                         break
                     chunks.append(chunk)
-                    last_change = time.monotonic()
+                    watch.progress()
                     continue
-                ticks = _cpu_ticks(self._pid)
-                if ticks != last_ticks:
-                    last_ticks, last_change = ticks, time.monotonic()
-                elif time.monotonic() - last_change > STALL_SECONDS:
+                if watch.stalled():
                     logger.warning(
                         "%s: forked worker used no CPU for %.0f s; killed, running in-process",
                         self.label,

@@ -230,11 +230,13 @@ class OnnxExporter:
             if name not in state_inputs
         ]
         model.metadata_props[RANGES_METADATA] = json.dumps(user_specs)
-        folded: dict[str, str] = {}
+        from .onnx_passes import PipelineResult
+
+        pipeline = PipelineResult()
         if options.onnx_passes:
             from .onnx_passes import optimize_for_ort
 
-            folded = optimize_for_ort(model)
+            pipeline = optimize_for_ort(model)
         else:
             RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
@@ -266,7 +268,8 @@ class OnnxExporter:
             target=self.target,
             files=tuple(files),
             ops=ops,
-            weight_notes={**folded, **self.weight_notes(decomposed)},
+            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
+            derived_copies=pipeline.derived,
             kept_tensors=kept,
             details={"op_list": [n.op_type for n in model.graph], "opset": model.opset_imports.get("", None)},
         )

@@ -17,9 +17,10 @@ initializer keeps a weight's name once its value was replaced (it is renamed ``<
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ORT_PIPELINE", "optimize_for_ort"]
+__all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sources"]
 
 #: The pipeline's steps, by name (part of the cache key and of the manifest).
 ORT_PIPELINE: tuple[str, ...] = (
@@ -53,20 +54,50 @@ def _keep_quantization(node: Any) -> bool | None:
     return None
 
 
-def optimize_for_ort(model: Any) -> dict[str, str]:
-    """Run the pipeline on ``model`` (an ``onnx_ir.Model``) in place.
+@dataclass(frozen=True)
+class PipelineResult:
+    """What the pipeline did to the weights: ``notes`` per weight initializer it removed (the
+    manifest's reason when the weight's bytes are found nowhere), and ``derived``: each new
+    initializer folded from weights, with the weights it was computed from (a copy the
+    manifest records and a weights-only patch cannot rewrite)."""
 
-    Returns a note per weight initializer the pipeline removed (the manifest's reason when the
-    weight's bytes are found nowhere, as-is or permuted).
-    """
+    notes: dict[str, str] = field(default_factory=dict)
+    derived: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def constant_sources(model: Any) -> dict[str, frozenset[str]]:
+    """Value name -> the initializers it is computed from, for every value of the main graph
+    computed from initializers and constants alone (what constant folding may turn into a new
+    initializer). Graph inputs, even with an initializer default, are not constants."""
+    import onnx_ir as ir
+
+    subgraphs = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+    inputs = {v.name for v in model.graph.inputs}
+    deps: dict[str, frozenset[str]] = {
+        name: frozenset({name}) for name in model.graph.initializers if name not in inputs
+    }
+    for node in model.graph:
+        ins = [v for v in node.inputs if v is not None]
+        if any(v.name not in deps for v in ins) or any(a.type in subgraphs for a in node.attributes.values()):
+            continue
+        sources = frozenset().union(*(deps[v.name] for v in ins)) if ins else frozenset()
+        for out in node.outputs:
+            if out.name:
+                deps[out.name] = sources
+    return deps
+
+
+def optimize_for_ort(model: Any) -> PipelineResult:
+    """Run the pipeline on ``model`` (an ``onnx_ir.Model``) in place; see ``PipelineResult``."""
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
     from onnxscript.optimizer import _constant_folding
 
+    common.InlinePass()(model)
     before = {name: value.const_value for name, value in model.graph.initializers.items()}
+    sources = constant_sources(model)
     passes = ir.passes.Sequential(
-        common.InlinePass(),
         ir.passes.PassManager(
             [
                 _constant_folding.FoldConstantsPass(
@@ -93,14 +124,27 @@ def optimize_for_ort(model: Any) -> dict[str, str]:
     assert passes.in_place
     passes(model)
     # No initializer may keep a weight's name with another value: rename any that did.
+    renamed: dict[str, str] = {}
     for name, value in list(model.graph.initializers.items()):
         if name in before and value.const_value is not before[name]:
-            value.name = f"{name}.folded"
+            value.name = renamed[name] = f"{name}.folded"
             model.graph.initializers.pop(name)
             model.graph.register_initializer(value)
     gone = set(before) - set(model.graph.initializers)
-    return {
-        name: "folded by the ONNX pipeline into another constant (constant folding or "
-        "deduplication) and not stored as-is; checked: outputs compared with eager"
-        for name in gone
-    }
+    derived = {}
+    origins = {v: k for k, v in renamed.items()}
+    for name in model.graph.initializers:
+        origin = origins.get(name, name)
+        if origin in before and origin not in renamed:
+            continue
+        weights = sources.get(origin, frozenset()) & set(before)
+        if weights:
+            derived[name] = tuple(sorted(weights))
+    return PipelineResult(
+        notes={
+            name: "folded by the ONNX pipeline into another constant (constant folding or "
+            "deduplication) and not stored as-is; checked: outputs compared with eager"
+            for name in gone
+        },
+        derived=derived,
+    )

@@ -2,14 +2,15 @@
 
 Why: when only weight values changed (same graph, shapes, options and library versions: the
 target's structure key matches), lowering again recomputes everything to move a few tensors'
-bytes. A weight the previous manifest proved stored *exactly* (the same bytes, by sha256) sits at
-a known place: an ONNX initializer (external data offset, or inline in the proto) or an XNNPACK
-named-data segment of the .pte, whose key is the sha256 of its bytes and is repeated in the
-delegate payload. Patching writes the new bytes there and renames the key. Anything else changed
-(a folded, quantized or shared value; a permuted one other than the recorded transposition of
-an ONNX MatMul weight) makes :func:`plan_patch` return ``None`` and the
-caller lowers normally. The patched files are copies (never the previous set's hard-linked
-files), and the caller proves them like any lowering: manifest re-read from disk, smoke run.
+bytes. The previous manifest lists *every* place each file stores each weight: ONNX initializers
+(external data offset, or inline in the proto; as-is or transposed), a .pte's XNNPACK named data
+(keyed by the sha256 of its bytes, the key repeated in the delegate payload; as-is or in NHWC) and
+its constant buffers. Patching writes the new bytes at every one of those places (and renames a
+named-data key), or at none: when any copy of a changed weight cannot be rewritten in place (a
+value folded or fused from it, a copy shared with another weight), :func:`plan_patch` says why
+and the caller lowers again. The patched files are copies (never the previous set's hard-linked
+files), and the caller proves them like any lowering: the manifest re-read from disk, and the
+file's outputs against the shared program's.
 """
 
 from __future__ import annotations
@@ -26,20 +27,20 @@ from dataclasses import dataclass
 import torch
 
 from ..shared_state.tensor_bytes import tensor_bytes
-from ..weights.manifest import WeightEntry
+from ..weights.manifest import WeightEntry, WeightLocation
 
-__all__ = ["Change", "plan_patch", "patch_files"]
+__all__ = ["Change", "PatchPlan", "plan_patch", "patch_files"]
 
 logger = logging.getLogger(__name__)
 
 
-#: Where a weight must sit for a target's patcher to rewrite it.
-_PATCHABLE = {"onnx": "initializer:", "xnnpack": "named_data:"}
+#: The kinds of place each target's patcher rewrites.
+_PATCHABLE = {"onnx": ("initializer",), "xnnpack": ("named_data", "constant_buffer")}
 
 
 @dataclass(frozen=True)
 class Change:
-    """One weight to rewrite: where the previous file holds it, its old digest, the new bytes."""
+    """One stored copy to rewrite: where the previous file holds it, its old digest, the new bytes."""
 
     name: str
     where: str
@@ -48,17 +49,18 @@ class Change:
     data: bytes
 
 
-def _rewritable(target: str, e: WeightEntry) -> bool:
-    """Stored exactly, or (ONNX) stored as a recorded permutation of the weight."""
-    loc = e.locations[target]
-    if loc.status == "exact":
-        return True
-    return (
-        target == "onnx"
-        and loc.status == "transformed"
-        and loc.permutation is not None
-        and loc.stored_sha256 is not None
-    )
+@dataclass(frozen=True)
+class PatchPlan:
+    """Every rewrite that turns the previous file into this program's (``changes``: each stored
+    copy of each changed weight), or why no patch can (``refusal``: then nothing is rewritten)."""
+
+    changes: tuple[Change, ...] = ()
+    weights: int = 0
+    refusal: str | None = None
+
+
+def _refuse(why: str) -> PatchPlan:
+    return PatchPlan(refusal=why)
 
 
 def plan_patch(
@@ -66,46 +68,53 @@ def plan_patch(
     entries: Sequence[WeightEntry],
     digests: Mapping[str, str],
     tensors: Mapping[str, torch.Tensor],
-) -> list[Change] | None:
-    """The rewrites that turn the previous ``target`` file into this program's, or ``None``.
-
-    ``entries`` are the previous manifest's; ``digests``/``tensors`` the holder's, by name.
-    """
+) -> PatchPlan:
+    """The rewrites of every copy of every changed weight, or a refusal naming the first copy
+    that cannot be rewritten in place. ``entries`` are the previous manifest's; ``digests`` and
+    ``tensors`` the holder's, by name."""
     if target not in _PATCHABLE:
-        return None
-    changes: list[Change] = []
-    where_count = Counter(
-        e.locations[target].where for e in entries if target in e.locations and _rewritable(target, e)
-    )
-    # XNNPACK keys its named data by content: a value held by two entries is stored once.
-    now = Counter(digests[e.name] for e in entries if e.name in digests)
+        return _refuse(f"no weights-only patcher for {target}")
+    names = {n for e in entries for n in e.names}
+    if names != set(digests) or any(e.name not in tensors for e in entries):
+        return _refuse("the program's weights are not the previous set's")
     for e in entries:
-        if e.name not in digests or e.name not in tensors:
-            return None  # the program's weights are not the previous set's
-        if digests[e.name] == e.sha256:
-            continue
-        loc = e.locations.get(target)
-        if loc is None or not _rewritable(target, e) or not loc.where or where_count[loc.where] != 1:
-            return None  # not stored as-is (or as a known permutation), or one copy serves several
-        if not loc.where.startswith(_PATCHABLE[target]):
-            return None  # e.g. a .pte constant buffer outside the delegate: no patcher
+        if len({digests[n] for n in e.names}) != 1:
+            return _refuse(f"weight {e.name!r} is no longer one tensor with {', '.join(e.aliases)}")
+    changed = [e for e in entries if digests[e.name] != e.sha256]
+    places = Counter(c.where for e in entries for c in e.copies.get(target, ()) if c.where)
+    # XNNPACK keys its named data by content and ExecuTorch and the ONNX pipeline deduplicate
+    # equal constants: a value held by two entries is stored once, which rewriting one place
+    # cannot reproduce.
+    now = Counter(digests[e.name] for e in entries)
+    changes: list[Change] = []
+    for e in changed:
         if e.sha256 in now or now[digests[e.name]] != 1:
-            # The old or the new bytes are also another weight's: XNNPACK keys named data by
-            # content and the ONNX pipeline deduplicates equal initializers, so a fresh lowering
-            # stores them once, which rewriting one place cannot reproduce.
-            return None
-        tensor = tensors[e.name]
-        if loc.status == "transformed":
-            # A MatMul's weight the ONNX pipeline stored transposed: the new value, permuted the
-            # same way, replaces the stored bytes (which the manifest proved are the permutation).
-            assert loc.permutation is not None and loc.stored_sha256 is not None
-            data = bytes(tensor_bytes(tensor.detach().permute(*loc.permutation).contiguous()))
-            changes.append(
-                Change(e.name, loc.where, loc.stored_sha256, hashlib.sha256(data).hexdigest(), data)
-            )
-            continue
-        changes.append(Change(e.name, loc.where, e.sha256, digests[e.name], bytes(tensor_bytes(tensor))))
-    return changes
+            return _refuse(f"weight {e.name!r}: its old or new value equals another weight's (stored once)")
+        copies = e.copies.get(target) or ()
+        if not copies:
+            return _refuse(f"weight {e.name!r} has no record in the previous {target} manifest")
+        for c in copies:
+            if c.status not in ("exact", "transformed") or c.kind not in _PATCHABLE[target]:
+                place = f" at {c.where}" if c.where else ""
+                return _refuse(
+                    f"weight {e.name!r} is kept {c.status}{place} in the {target} file "
+                    f"({c.reason or c.checked}): that copy cannot be rewritten in place"
+                )
+            if places[c.where or ""] != 1:
+                return _refuse(f"weight {e.name!r}: its copy {c.where} also serves another weight")
+            changes.append(_change(e, c, tensors[e.name], digests[e.name]))
+    return PatchPlan(tuple(changes), len(changed))
+
+
+def _change(e: WeightEntry, c: WeightLocation, tensor: torch.Tensor, digest: str) -> Change:
+    assert c.where is not None
+    if c.status == "transformed":
+        # Stored as a permutation of the weight (a MatMul's transposed weight in ONNX, NHWC in
+        # XNNPACK): the new value, permuted the same way, replaces the stored bytes.
+        assert c.permutation is not None and c.stored_sha256 is not None
+        data = bytes(tensor_bytes(tensor.detach().permute(*c.permutation).contiguous()))
+        return Change(e.name, c.where, c.stored_sha256, hashlib.sha256(data).hexdigest(), data)
+    return Change(e.name, c.where, e.sha256, digest, bytes(tensor_bytes(tensor)))
 
 
 def patch_files(
@@ -160,25 +169,6 @@ def _patch_onnx(staging: pathlib.Path, main: str, changes: list[Change]) -> None
         onnx.save(model, str(path))
 
 
-def _named_offsets(path: pathlib.Path) -> dict[str, tuple[int, int]]:
-    """File offset and size of every named-data buffer of a .pte, from ExecuTorch's own reader
-    (it slices a memoryview of the mapped file, so a slice's address gives its offset)."""
-    import numpy as np
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    pte = deserialize_pte_binary(memoryview(data))
-    base = np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
-    offsets: dict[str, tuple[int, int]] = {}
-    nd = pte.named_data
-    if nd is not None:
-        for key, entry in nd.pte_data.items():
-            buf = np.frombuffer(nd.buffers[entry.buffer_index], dtype=np.uint8)
-            offsets[key] = (buf.__array_interface__["data"][0] - base, buf.nbytes)
-    return offsets  # the read-only mapping goes with its last view
-
-
 def _rename(data: mmap.mmap, old: bytes, new: bytes) -> int:
     """Replace every occurrence of ``old`` by ``new`` (same length) in place; how many."""
     pos, renamed = data.find(old), 0
@@ -190,33 +180,38 @@ def _rename(data: mmap.mmap, old: bytes, new: bytes) -> int:
 
 
 def _patch_pte(path: pathlib.Path, changes: list[Change]) -> None:
-    """Write the new bytes where the named data sits (the .pte's own segments, or its data file
-    ``<stem>.ptd``), then rename the key (the sha256 of the bytes) everywhere it occurs: in the
-    program, in the XNNPACK payload and in the data file's index (same length)."""
-    from ..weights.readers import read_ptd
+    """Write the new bytes at every place a changed weight sits: named data (in the .pte's own
+    segments, or its data file ``<stem>.ptd``), whose key (the sha256 of the bytes) is then
+    renamed everywhere it occurs (the program, the XNNPACK payload, the data file's index; same
+    length), and constant buffers of the portable program (no key)."""
+    from ..weights.readers import pte_extents, read_ptd
 
     ptd = path.with_suffix(".ptd")
-    places = {key: (path, at) for key, at in _named_offsets(path).items()}
+    named, constants = pte_extents(path)
+    places = {f"named_data:{key}": (path, at) for key, at in named.items()}
+    places.update({f"constant_buffer:{i}": (path, at) for i, at in constants.items()})
     if ptd.is_file():
         index, mapped = read_ptd(ptd)
         mapped.close()
-        places.update({key: (ptd, at) for key, at in index.items()})
+        places.update({f"named_data:{key}": (ptd, at) for key, at in index.items()})
     files = [path, *([ptd] if ptd.is_file() else [])]
     handles = [open(f, "r+b") for f in files]
     try:
         maps = {f: mmap.mmap(h.fileno(), 0) for f, h in zip(files, handles, strict=True)}
+        # Buffers first (their content is checked before any key is renamed), then the keys.
         for c in changes:
-            key = c.where.removeprefix("named_data:")
-            where, (start, size) = places.get(key, (path, (-1, 0)))
+            where, (start, size) = places.get(c.where, (path, (-1, 0)))
             data = maps[where]
-            if not 0 <= start <= len(data) - size:
-                raise ValueError(f"{where.name} has no named data {key[:12]}... inside the file")
-            if size != len(c.data) or hashlib.sha256(data[start : start + size]).hexdigest() != c.old_sha256:
-                raise ValueError(f"named data {key[:12]}... of {where.name} is not {c.name}'s old value")
-            data[start : start + size] = c.data
-            renamed = sum(_rename(m, c.old_sha256.encode(), c.new_sha256.encode()) for m in maps.values())
-            if renamed == 0:
-                raise ValueError(f"named data key {key[:12]}... not found in {path.name}")
+            if not 0 <= start <= len(data) - size or size < len(c.data):
+                raise ValueError(f"{where.name} has no {c.where[:40]} inside the file")
+            if hashlib.sha256(data[start : start + len(c.data)]).hexdigest() != c.old_sha256:
+                raise ValueError(f"{c.where[:40]} of {where.name} is not {c.name}'s old value")
+            data[start : start + len(c.data)] = c.data
+        for c in changes:
+            if c.where.startswith("named_data:"):
+                renamed = sum(_rename(m, c.old_sha256.encode(), c.new_sha256.encode()) for m in maps.values())
+                if renamed == 0:
+                    raise ValueError(f"named data key {c.old_sha256[:12]}... not found in {path.name}")
         for m in maps.values():
             m.flush()
             m.close()

@@ -31,7 +31,14 @@ from .delegation import DelegationReport
 from .xnnpack_fixes import xnnpack_workarounds
 from .xnnpack_rewrites import REWRITES, rewrite_table
 
-__all__ = ["XnnpackExporter", "weight_notes", "size_oblivious", "lower_to_buffer", "release_lowered_payloads"]
+__all__ = [
+    "XnnpackExporter",
+    "weight_notes",
+    "derived_weights",
+    "size_oblivious",
+    "lower_to_buffer",
+    "release_lowered_payloads",
+]
 
 
 @contextlib.contextmanager
@@ -67,7 +74,25 @@ def weight_notes(program: ExportedProgram) -> dict[str, str]:
 
     Read off the decomposed graph, so the manifest's reasons come from the program, not guesses.
     """
-    notes: dict[str, str] = unused_weight_notes(program)
+    return {name: reason for name, (_, reason) in _classify_weights(program).items()}
+
+
+def derived_weights(program: ExportedProgram) -> dict[str, tuple[str, ...]]:
+    """Weights some use of which XNNPACK stores as a function of them (fused with BatchNorm,
+    requantized, re-encoded scales): a copy the manifest records as ``derived`` even where the
+    weight is also stored as-is, and which a weights-only patch cannot rewrite."""
+    return {
+        f"xnnpack:{name}": (name,)
+        for name, (kind, _) in _classify_weights(program).items()
+        if kind == "derived"
+    }
+
+
+def _classify_weights(program: ExportedProgram) -> dict[str, tuple[str, str]]:
+    """name -> (``unused`` | ``implicit`` | ``derived``, the reason)."""
+    notes: dict[str, tuple[str, str]] = {
+        name: ("unused", reason) for name, reason in unused_weight_notes(program).items()
+    }
     for name, node in weight_placeholders(program).items():
         users = list(node.users)
         if not users:
@@ -75,18 +100,17 @@ def weight_notes(program: ExportedProgram) -> dict[str, str]:
         user_ops = {op_name(u) for u in users}
         quant = _quantization_note(node, users)
         value = program.state_dict.get(name, program.constants.get(name))
-        if (
-            quant
-            and quant.startswith("zero points")
-            and not (isinstance(value, torch.Tensor) and not bool(value.any()))
-        ):
-            quant = None  # non-zero zero points must be found in the artifact, not excused
-        if quant:
-            notes[name] = quant
+        if quant and quant.startswith("zero points"):
+            if isinstance(value, torch.Tensor) and not bool(value.any()):
+                notes[name] = ("implicit", quant)
+            # non-zero zero points must be found in the artifact, not excused
+        elif quant:
+            notes[name] = ("derived", quant)
         elif user_ops & _BN_OPS:
             notes[name] = (
+                "derived",
                 "BatchNorm parameter: XNNPACK folds it into the preceding convolution "
-                "(FuseBatchNormWithConvPass), so its bytes are not stored"
+                "(FuseBatchNormWithConvPass), so its bytes are not stored",
             )
         elif user_ops & _CONV_OPS and any(
             op_name(cu) in _BN_OPS or any(op_name(g) in _BN_OPS for g in cu.users)
@@ -94,8 +118,9 @@ def weight_notes(program: ExportedProgram) -> dict[str, str]:
             for cu in u.users
         ):
             notes[name] = (
+                "derived",
                 "convolution parameter fused with the following BatchNorm by XNNPACK: "
-                "stored values differ from the state_dict by design"
+                "stored values differ from the state_dict by design",
             )
     return notes
 
@@ -240,6 +265,7 @@ class XnnpackExporter:
             ops=ops,
             delegation=delegation,
             weight_notes=self.weight_notes(decomposed),
+            derived_copies=derived_weights(decomposed),
             kept_tensors=_kept_tensors(lowered),
             backend_passes=pruning(),
         )

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import DualExportError, UserError, WeightMismatchError
 from ..outputs import atomic_write_text
+from ..outputs.atomic import atomic_write_bytes
 from .manifest import Entry, entry_digest
 from .record import EntryRecord, FileRecord, ParitySummary, TargetRecord
 
@@ -204,7 +205,11 @@ def run_entry(
         return done(base.with_(status="error", reason=_reason(exc)))
     previous = _previous(folder, entry.name)
     parity_file = folder / f"{entry.name}.parity.json"
+    page = folder / f"{entry.name}.report.html"
+    # The commit drops the previous set's parity report and page with it (outputs/commit.py); a
+    # carried check writes them back.
     previous_parity = parity_file.read_text() if parity_file.is_file() else None
+    previous_page = page.read_bytes() if page.is_file() else None
     base = base.with_(vacuous=vacuous, weight_bytes=wbytes)
     try:
         with _timed(phases, "export", phase):
@@ -267,6 +272,8 @@ def run_entry(
             reasons.append(previous.reason)
         if previous_parity is not None and not parity_file.exists():  # the commit dropped it
             atomic_write_text(parity_file, previous_parity)
+        if previous_page is not None and not page.exists():
+            atomic_write_bytes(page, previous_page)
     elif res.artifacts:
         with _timed(phases, "verify", phase):
             try:
@@ -298,7 +305,7 @@ def run_entry(
             from ..reporting import write_export_page
 
             extra = {k: v for k, v in phases.items() if k in ("verify", "compare")}
-            write_export_page(folder / f"{entry.name}.report.html", res, report, seconds=extra)
+            write_export_page(page, res, report, seconds=extra)
     if res.errors:
         status = "failed"
         reasons.insert(0, "; ".join(f"{t}: {str(e).splitlines()[0]}" for t, e in res.errors.items()))
@@ -308,7 +315,6 @@ def run_entry(
         status = "passed"
     if vacuous:
         reasons.append("eager outputs are constant: parity proves nothing (set bn_batches, check the head)")
-    page = folder / f"{entry.name}.report.html"
     return done(
         base.with_(
             status=status,

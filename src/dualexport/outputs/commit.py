@@ -43,8 +43,10 @@ __all__ = ["ArtifactSet", "artifact_set", "recover", "current_set", "journal_pat
 logger = logging.getLogger(__name__)
 
 SCHEMA = "dualexport.commit/1"
-# Files an export (or the CLI after it) writes for ``name``; used to find the previous set in a
-# folder written before set records existed, and to drop stale ones (an old parity report).
+# Files an export (or the CLI or a fleet worker after it) writes for ``name``; used to find the
+# previous set in a folder written before set records existed, and to drop stale ones: a commit
+# removes the previous set's parity report, export page and fleet record with the set they
+# describe, so a crash before the new ones are written leaves none rather than a wrong one.
 KNOWN_SUFFIXES = (
     ".onnx",
     ".onnx.data",
@@ -57,6 +59,8 @@ KNOWN_SUFFIXES = (
     ".delegation.md",
     ".parity.json",
     ".parity.html",
+    ".report.html",
+    ".entry.json",
     ".ptd",
     ".bpte",
 )

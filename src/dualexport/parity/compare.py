@@ -16,8 +16,9 @@ from ..runtimes import open_runner
 from ..runtimes.eager import EagerRunner
 from ..shared_state.contract import check_input_shapes, flatten_inputs, is_stateful
 from ..shared_state.fingerprint import ranges_kept
+from .judge import judge, output_tolerance, quantization_noise
 from .report import Divergence, OutputParity, ParityReport
-from .tolerances import quantized_node_tolerance, quantized_tolerance, tolerance_for
+from .tolerances import quantized_node_tolerance, tolerance_for
 
 __all__ = ["run_parity", "InputSet", "error_histogram"]
 
@@ -43,17 +44,6 @@ def error_histogram(
     return edges, tuple(int(c) for c in counts)
 
 
-def _quantization_noise(quantized: list[torch.Tensor], floats: list[torch.Tensor]) -> dict[int, float]:
-    """Per output, the SNR (dB) of the int8 reference against the float model it approximates."""
-    from .metrics import compute_metrics
-
-    out = {}
-    for i, (q, f) in enumerate(zip(quantized, floats, strict=False)):
-        if q.dtype.is_floating_point and q.shape == f.shape:
-            out[i] = compute_metrics(q, f.to(q.dtype), rtol=0.0, atol=0.0).snr_db
-    return out
-
-
 def run_parity(
     program: ExportedProgram,
     artifacts: Mapping[str, pathlib.Path],
@@ -66,11 +56,14 @@ def run_parity(
     decomposed: Mapping[str, ExportedProgram] | None = None,
     localize: bool = True,
     float_program: ExportedProgram | None = None,
+    decompose_options: Mapping[str, Any] | None = None,
 ) -> ParityReport:
     """Every (input set, step, output) compared for every runtime against eager, and runtime vs
     runtime. A stateful program is run ``steps`` times from a fresh state for each input set.
     For an int8 program, ``float_program`` (what it was quantized from) measures the reference's
-    own quantization noise, the yardstick of its outputs (``quantized_tolerance``)."""
+    own quantization noise, the yardstick of its outputs (``quantized_tolerance``).
+    ``decompose_options``: per runtime, the ``ExportOptions`` its file was made with, for
+    localizing against the same decomposition when ``decomposed`` does not hold it."""
     if steps < 1:
         raise ParityError(f"steps must be >= 1, got {steps}")
     runtimes = tuple(artifacts)
@@ -109,7 +102,7 @@ def run_parity(
                 errors[rt] = str(exc)
         for step in range(steps):
             ref = eager.run(flat)
-            noise = _quantization_noise(ref, floats.run(flat)) if floats is not None else {}
+            noise = quantization_noise(ref, floats.run(flat)) if floats is not None else {}
             got: dict[str, list[torch.Tensor]] = {}
             for rt, runner in runners.items():
                 if rt in errors:
@@ -126,18 +119,20 @@ def run_parity(
                 label = f"{set_label}" + (f"/step{step}" if steps > 1 else "") + f"/out{i}"
                 metrics, tols, hists = {}, {}, {}
                 for rt, outs in got.items():
-                    o_rtol, o_atol = (tolerance_overrides or {}).get(i, (rtol, atol))
-                    if i in quant_steps and o_rtol is None and o_atol is None:
-                        tol = quantized_tolerance(quant_steps[i], noise.get(i))
-                    else:
-                        tol = tolerance_for(rt, r.dtype, rtol=o_rtol, atol=o_atol)
-                    a = outs[i]
-                    if a.dtype != r.dtype and r.dtype.is_floating_point is False:
-                        a = a.to(r.dtype)
-                    metrics[rt] = tol.judge(a, r)
+                    tol = output_tolerance(
+                        rt,
+                        i,
+                        r.dtype,
+                        quant_steps=quant_steps,
+                        noise=noise,
+                        rtol=rtol,
+                        atol=atol,
+                        overrides=tolerance_overrides,
+                    )
+                    metrics[rt] = judge(tol, outs[i], r)
                     tols[rt] = tol
                     if r.dtype.is_floating_point:
-                        hists[rt] = error_histogram(a, r)
+                        hists[rt] = error_histogram(outs[i], r)
                 cross = None
                 if len(got) == 2:
                     a, b = (got[rt][i] for rt in got)
@@ -170,6 +165,7 @@ def run_parity(
                     (decomposed or {}).get(rt),
                     rtol=rtol,
                     atol=atol,
+                    options=(decompose_options or {}).get(rt),
                 )
             except Exception as exc:  # localization is a diagnosis; never hide the parity result
                 logger.warning("could not localize the %s divergence: %s", rt, exc)
@@ -196,6 +192,7 @@ def _localize(
     *,
     rtol: float | None,
     atol: float | None,
+    options: Any = None,
 ) -> Divergence | None:
     from ..exporters import get_exporter
     from .localize import first_divergence, onnx_values, reference_values, shared_name_map, xnnpack_values
@@ -204,7 +201,8 @@ def _localize(
     # it narrows is put back (it is a diagnosis, not an artifact).
     with ranges_kept(program) as narrowed:
         if decomposed is None:
-            decomposed = get_exporter(runtime).decompose(program)
+            # the decomposition the export used: its options (a --plain export has no passes)
+            decomposed = get_exporter(runtime).decompose(program, options)
         reference = reference_values(program, flat)
         shared_names = {n.name for n in program.graph.nodes}
         if runtime == "onnx":

@@ -32,7 +32,7 @@ from ..errors import (
 from ..outputs.commit import journal_path, recover
 from ..outputs.lock import export_lock
 from ..outputs.paths import check_name, safe_child
-from ..shared_state.contract import unflatten_inputs
+from ..shared_state.contract import DATA_SUFFIX, unflatten_inputs
 from ..weights import WeightCheck, WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
 from ..weights.readers import check_pte_header, read_onnx
@@ -128,6 +128,14 @@ def check_artifacts(folder: pathlib.Path, name: str, paths: dict[str, pathlib.Pa
         else:
             with open(path, "rb") as f:
                 check_pte_header(path, f.read(8))
+            data = path.with_suffix(DATA_SUFFIX)
+            if data.exists() or data.is_symlink():
+                safe_child(folder, data.name, what=f"the data file of {path.name}")
+                if not data.is_file():
+                    raise ArtifactFormatError(
+                        f"{data.name} beside {path.name} is not a regular file",
+                        hint="keep the real .ptd file next to the .pte file",
+                    )
 
 
 def _refuse_pickles(path: pathlib.Path) -> None:
@@ -242,7 +250,17 @@ def compare_dir(
             if float_path.is_file()
             else None
         )
+        from ..exporters import ExportOptions
+
+        options = {t: ExportOptions.from_dict(manifest.artifacts[t].get("options")) for t in artifacts}
         report = run_parity(
-            program, artifacts, sets, rtol=rtol, atol=atol, steps=steps, float_program=float_program
+            program,
+            artifacts,
+            sets,
+            rtol=rtol,
+            atol=atol,
+            steps=steps,
+            float_program=float_program,
+            decompose_options=options,
         )
     return report, check, werr, name

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from ..parity.inputs import generate_input_sets
-from ..parity.tolerances import quantized_tolerance, tolerance_for
+from ..parity.judge import output_tolerance
 from ..runtimes.eager import EagerRunner
 from ..shared_state import SharedProgram
 from ..shared_state.contract import is_stateful
@@ -76,7 +76,7 @@ def _tolerances(
     ``dx.compare`` judges them; float outputs the runtime's default."""
     out = []
     for i, o in enumerate(outputs):
-        tol = quantized_tolerance(quant_steps[i]) if i in quant_steps else tolerance_for(target, o.dtype)
+        tol = output_tolerance(target, i, o.dtype, quant_steps=quant_steps, noise={})
         out.append(
             {
                 "rtol": tol.rtol,

@@ -27,6 +27,7 @@ from ..weights import WeightManifest
 from .job import JobKeys, Previous, TargetJob, weight_bytes
 from .manifest import build_manifest
 from .outcome import Failed, Outcome, Published, Reused
+from .reference import reference_sets
 
 __all__ = ["SetResult", "export_set", "cache_keys", "shared_passes", "pass_lists"]
 
@@ -144,7 +145,7 @@ def export_set(
     previous = Previous(previous_dir, prev_manifest) if previous_dir and prev_manifest else None
     program = shared.exported_program
     example = flatten_inputs(program, shared.example_args, shared.example_kwargs)
-    edges = edge_sizes(program)
+    reference = reference_sets(shared, example, edge_sizes(program))
     jobs = {
         t: TargetJob(
             shared,
@@ -154,8 +155,7 @@ def export_set(
             options=options,
             keys=keys[t],
             previous=previous,
-            example=example,
-            edges=edges,
+            reference=reference,
             require_full_delegation=require_full_delegation,
         )
         for t in targets
@@ -188,7 +188,7 @@ def export_set(
         from .bundles import write_bundles
 
         bundles = write_bundles(shared, published, set_dir, name, example)
-    manifest = build_manifest(shared, published, keys, previous, name, fp, bundles)
+    manifest = build_manifest(shared, published, keys, previous, name, fp, options, bundles)
     if published:
         reused = _link_previous_program(shared, previous, published, fp, set_dir, name)
         _write_side_files(shared, manifest, published, set_dir, name, example, program_linked=reused)
@@ -196,6 +196,7 @@ def export_set(
         logger.warning("weight manifest: %s", problem)
     seconds = {
         "capture": shared.capture_seconds,
+        "reference": reference.seconds,
         **{t: o.seconds for t, o in outcomes.items()},
         "total": time.perf_counter() - t0,
     }

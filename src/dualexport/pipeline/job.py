@@ -4,8 +4,10 @@
 2. **reuse** the previous set's files when the cache key matches, else **patch** copies of them
    when only weights changed, else **decompose** and **lower** (in a forked worker when asked),
    watching the shape environment wherever the lowering runs;
-3. **prove** the file from disk: the ranges it records, then runs at the example and at the edges
-   of every declared range (``prove.prove_file``);
+3. **prove** the file from disk: the ranges it records, then its outputs on the example and at
+   the edges of every declared range against the shared program's, within the target's
+   tolerance (``prove.prove_file``); a reused or patched file that fails is dropped and the
+   target lowered, a lowered one is refused;
 4. **unpin**: a graph or weight change, or a narrowed range, refuses the target here;
 5. only then **stage** the files into the set's folder for its commit.
 
@@ -18,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pathlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
 
 from .._memory import release_memory
 from ..errors import DualExportError, InternalError, OnnxLoweringError, XnnpackLoweringError
@@ -34,11 +35,11 @@ from ..exporters.delegation import check_full_delegation
 from ..exporters.forked import ForkedCall
 from ..outputs import commit_files, staging_dir
 from ..shared_state import SharedProgram
-from ..shared_state.contract import EdgeSizes
 from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
 from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
 from .prove import prove_file
+from .reference import Reference
 
 __all__ = ["JobKeys", "Previous", "TargetJob", "weight_bytes", "RELEASE_MEMORY_ABOVE"]
 
@@ -81,6 +82,7 @@ class _Lowering:
     ops: tuple[str, ...]
     delegation: DelegationReport | None
     weight_notes: Mapping[str, str]
+    derived_copies: Mapping[str, tuple[str, ...]]
     kept_tensors: int
     kept_not_shared: tuple[str, ...]
     backend_passes: Any = None
@@ -96,7 +98,13 @@ class _Staged:
     ops: tuple[str, ...]
     delegation: DelegationReport | None
     weight_notes: Mapping[str, str] = field(default_factory=dict)
+    derived_copies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     patched: int = 0
+    copies: int = 0
+
+
+def _previous_derived(info: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    return {k: tuple(v) for k, v in (info.get("derived") or {}).items()}
 
 
 def _previous_delegation(info: Mapping[str, Any]) -> DelegationReport | None:
@@ -117,13 +125,12 @@ class TargetJob:
         options: ExportOptions,
         keys: JobKeys,
         previous: Previous | None,
-        example: list[torch.Tensor],
-        edges: Sequence[EdgeSizes],
+        reference: Reference,
         require_full_delegation: bool = False,
     ) -> None:
         self.shared, self.target, self.set_dir, self.name = shared, target, set_dir, name
         self.options, self.keys, self.previous = options, keys, previous
-        self.example, self.edges = example, tuple(edges)
+        self.reference = reference
         self.require_full_delegation = require_full_delegation
         self.exporter = get_exporter(target)
         self._staging_ctx = contextlib.ExitStack()
@@ -135,6 +142,8 @@ class TargetJob:
         self._forked: ForkedCall[_Lowering] | None = None
         self._decomposed: Any = None
         self._error: BaseException | None = None
+        #: why this job lowers although a previous set was there (Lowered.because)
+        self._because: str | None = None
         self._done = False
         self._t0 = time.perf_counter()
 
@@ -146,7 +155,7 @@ class TargetJob:
             self._staging = self._staging_ctx.enter_context(staging_dir(self.set_dir))
             self._specs = self._pin_ctx.enter_context(self.shared.pinned(self.target)).specs
             self._staged = self._reuse() or self._patch()
-        except BaseException as exc:
+        except Exception as exc:  # an interrupt is not the target's failure: it stops the export
             self._error = exc
             return False
         return self._staged is None
@@ -163,8 +172,14 @@ class TargetJob:
             exporter, staging, target = self.exporter, self._staging, self.target
             assert staging is not None
 
+            parent = os.getpid()
+
             def lower() -> _Lowering:
-                with self.shared.watch_ranges(target):
+                # In a forked worker the parent's pin sees neither the ranges nor the weights the
+                # child's lowering may change: the child checks both before its file counts.
+                in_child = os.getpid() != parent
+                watch = self.shared.watch_program(target) if in_child else contextlib.nullcontext()
+                with watch, self.shared.watch_ranges(target):
                     try:
                         lowered = exporter.lower(decomposed, staging, self.name, self.options)
                     except DualExportError:
@@ -179,7 +194,7 @@ class TargetJob:
 
             self._lower = lower
             self._forked = ForkedCall(lower, label=target) if fork else None
-        except BaseException as exc:
+        except Exception as exc:  # an interrupt propagates (see prepare)
             self._error = exc
 
     def finish(self) -> Outcome:
@@ -244,7 +259,8 @@ class TargetJob:
                 WeightManifest(m.entries, {self.target: info}, m.versions, m.program), staging, None
             )
         except DualExportError as exc:
-            logger.warning("cached %s artifact does not verify, lowering again: %s", self.target, exc)
+            self._because = f"the cached file does not verify: {exc.message}"
+            logger.warning("%s: %s; lowering again", self.target, self._because)
             _remove(files)
             return None
         self.shared.defer_decomposition(self.target, self._decompose)
@@ -255,46 +271,67 @@ class TargetJob:
             (main, *[f for f in files if f != main]),
             tuple(info.get("ops", ())),
             _previous_delegation(info),
+            derived_copies=_previous_derived(info),
         )
 
     def _patch(self) -> _Staged | None:
-        """A weights-only change: copies of the previous files with the new bytes written where
-        the previous manifest proved each changed weight stored exactly."""
+        """A weights-only change: copies of the previous files with the new bytes written at
+        every place the previous manifest recorded for each changed weight, or none (the job
+        then lowers, ``Lowered.because`` saying why)."""
         from ..exporters.patch import patch_files, plan_patch
 
         info, prev, staging = self._info(), self.previous, self._staging
         if not info or info.get("structure_key") != self.keys.structure or prev is None or staging is None:
             return None
         program = self.shared.exported_program
-        changes = plan_patch(
+        plan = plan_patch(
             self.target, prev.manifest.entries, self.shared.weight_digests(), holder_tensors(program)
         )
-        if not changes:
+        if plan.refusal is not None:
+            self._because = f"weights-only patch impossible: {plan.refusal}"
+            logger.info("%s: %s; lowering again", self.target, self._because)
+            return None
+        if not plan.changes:
             return None
         try:
-            files = tuple(patch_files(self.target, prev.folder, staging, list(info["files"]), changes))
-        except (ValueError, OSError) as exc:
-            logger.warning("%s: weights-only patch not applied (%s); lowering again", self.target, exc)
+            files = tuple(
+                patch_files(self.target, prev.folder, staging, list(info["files"]), list(plan.changes))
+            )
+        except Exception as exc:  # any library or file error of the patch: lower instead
+            self._because = f"weights-only patch failed: {type(exc).__name__}: {exc}"
+            logger.warning("%s: %s; lowering again", self.target, self._because)
             _remove(staging.iterdir())
             return None
         self.shared.defer_decomposition(self.target, self._decompose)
-        # Same graph, so the same reasons for weights the target does not store as-is (not
-        # stored, or stored as a transposed copy).
+        # Same graph, so the same reasons for weights the target does not store as-is, and the
+        # same constants folded from weights.
         notes = {
             n: loc.reason
             for e in prev.manifest.entries
-            for loc in [e.locations.get(self.target)]
-            if loc is not None and loc.status in ("not_stored", "transformed") and loc.reason
+            for loc in e.copies.get(self.target, ())
+            if loc.status in ("not_stored", "transformed") and loc.reason
             for n in e.names
         }
-        logger.info("%s: weights-only change, %d weight(s) patched", self.target, len(changes))
+        logger.info(
+            "%s: weights-only change, %d weight(s) patched at %d place(s)",
+            self.target,
+            plan.weights,
+            len(plan.changes),
+        )
         return _Staged(
-            "patched", files, tuple(info.get("ops", ())), _previous_delegation(info), notes, len(changes)
+            "patched",
+            files,
+            tuple(info.get("ops", ())),
+            _previous_delegation(info),
+            notes,
+            _previous_derived(info),
+            plan.weights,
+            len(plan.changes),
         )
 
     # ------------------------------------------------------------------- complete, stage
     def _prove(self, path: pathlib.Path) -> Proof:
-        return prove_file(self.target, path, self._specs, self.edges, self.example)
+        return prove_file(self.target, path, self._specs, self.reference)
 
     def _complete(self) -> Published:
         seconds = lambda: time.perf_counter() - self._t0  # noqa: E731
@@ -302,10 +339,9 @@ class TargetJob:
         if staged is not None:
             try:
                 proof = self._prove(staged.files[0])
-            except DualExportError as exc:  # a previous file this code no longer accepts
-                logger.warning(
-                    "%s: %s file failed its proof (%s); lowering again", self.target, staged.strategy, exc
-                )
+            except DualExportError as exc:  # a previous file that does not compute this program
+                self._because = f"the {staged.strategy} file failed its proof: {exc.message}"
+                logger.warning("%s: %s; lowering again", self.target, self._because)
                 _remove(staged.files)
                 self._staged = None
                 self.start()
@@ -320,6 +356,7 @@ class TargetJob:
                     staged.delegation,
                     seconds(),
                     proof,
+                    derived_copies=staged.derived_copies,
                     cache_key=self.keys.cache,
                 )
             return Patched(
@@ -330,7 +367,9 @@ class TargetJob:
                 seconds(),
                 proof,
                 weight_notes=staged.weight_notes,
+                derived_copies=staged.derived_copies,
                 patched=staged.patched,
+                copies=staged.copies,
             )
         assert self._lower is not None
         forked = self._forked
@@ -354,6 +393,8 @@ class TargetJob:
             seconds(),
             proof,
             weight_notes=lowered.weight_notes,
+            derived_copies=lowered.derived_copies,
+            because=self._because,
             kept_tensors=lowered.kept_tensors,
             kept_not_shared=lowered.kept_not_shared,
             forked=forked is not None,
@@ -373,6 +414,7 @@ def _summarize(lowered: LoweredTarget, holder_ids: set[int]) -> _Lowering:
         ops=lowered.ops,
         delegation=lowered.delegation,
         weight_notes=dict(lowered.weight_notes),
+        derived_copies=dict(lowered.derived_copies),
         kept_tensors=len(kept),
         kept_not_shared=tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids)),
         backend_passes=lowered.backend_passes,

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from .._versions import library_versions
+from ..exporters import ExportOptions
 from ..shared_state import ProgramFingerprint, SharedProgram
-from ..weights import WeightManifest
+from ..weights import WeightLocation, WeightManifest
 from ..weights.locate import build_entries, holder_tensors, locate_onnx, locate_pte
 from ..weights.readers import read_onnx, read_pte
 from .job import JobKeys, Previous
-from .outcome import Published, Reused
+from .outcome import Lowered, Published, Reused
 
 __all__ = ["build_manifest"]
 
 
-def _artifact_record(out: Published, keys: JobKeys) -> dict[str, Any]:
+def _artifact_record(out: Published, keys: JobKeys, options: ExportOptions) -> dict[str, Any]:
     return {
         "file": out.path.name,
         "files": [f.name for f in out.files],
@@ -24,7 +26,13 @@ def _artifact_record(out: Published, keys: JobKeys) -> dict[str, Any]:
         "structure_key": keys.structure,
         "ops": list(out.ops),
         "delegation": out.delegation.to_dict() if out.delegation is not None else None,
-        "proof": {"ranges": out.proof.ranges, "edges": list(out.proof.edges)},
+        "proof": out.proof.to_dict(),
+        "strategy": type(out).__name__.lower(),
+        **({"lowered_because": out.because} if isinstance(out, Lowered) and out.because else {}),
+        "derived": {k: list(v) for k, v in out.derived_copies.items()},
+        # what the target's decomposition was made with (``dualexport compare DIR`` localizes
+        # against the same decomposition)
+        "options": options.to_dict(),
     }
 
 
@@ -35,37 +43,34 @@ def build_manifest(
     previous: Previous | None,
     name: str,
     fp: ProgramFingerprint,
+    options: ExportOptions,
     bundles: Mapping[str, Any] | None = None,
 ) -> WeightManifest:
-    """Every weight of the shared program, located in each published file read back from disk;
-    a reused file keeps the previous manifest's locations (same program, same key, and its
-    files were re-verified from disk when they were linked in)."""
+    """Every weight of the shared program, with every copy each published file keeps, read back
+    from disk; a reused file keeps the previous manifest's copies (same program, same key, and
+    its files were re-verified from disk when they were linked in)."""
     program = shared.exported_program
     entries = build_entries(program, shared.weight_digests())
     tensors = holder_tensors(program)
-    stores: dict[str, Any] = {}
+    copies: dict[str, Mapping[str, tuple[WeightLocation, ...]]] = {}
     for target, out in published.items():
-        if not isinstance(out, Reused):
-            stores[target] = read_onnx(out.path) if target == "onnx" else read_pte(out.path)
-    located = []
-    for e in entries:
-        locs = {}
-        for target, out in published.items():
-            if isinstance(out, Reused):
-                assert previous is not None
-                locs[target] = previous.manifest.entry(e.name).locations[target]
-                continue
-            notes = out.weight_notes
-            if target == "onnx":
-                locs[target] = locate_onnx(e, stores[target], notes, tensors.get(e.name))
-            else:
-                locs[target] = locate_pte(e, tensors.get(e.name), stores[target], notes)
-        located.append(type(e)(**{**e.__dict__, "locations": locs}))
+        if isinstance(out, Reused):
+            assert previous is not None
+            copies[target] = {e.name: previous.manifest.entry(e.name).copies[target] for e in entries}
+        elif target == "onnx":
+            copies[target] = locate_onnx(
+                entries, tensors, read_onnx(out.path), out.weight_notes, out.derived_copies
+            )
+        else:
+            copies[target] = locate_pte(
+                entries, tensors, read_pte(out.path), out.weight_notes, out.derived_copies
+            )
+    located = [dataclasses.replace(e, copies={t: copies[t][e.name] for t in published}) for e in entries]
     return WeightManifest(
         entries=tuple(located),
         artifacts={
             t: {
-                **_artifact_record(out, keys[t]),
+                **_artifact_record(out, keys[t], options),
                 **({"bundle": {**bundles[t], "sets": bundles["sets"]}} if bundles and t in bundles else {}),
             }
             for t, out in published.items()

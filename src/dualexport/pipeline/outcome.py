@@ -1,32 +1,59 @@
 """What one target job ended with: a typed outcome instead of a bag of details.
 
 Every outcome but ``Failed`` names files that passed the same proof (ranges read back from the
-file, smoke runs from disk at the edges of every declared range) and were staged for the set's
-commit; ``Failed`` staged nothing.
+file; runs from disk on the example and at the edges of every declared range, each output
+judged against the shared program's) and were staged for the set's commit; ``Failed`` staged
+nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 from ..errors import DualExportError
 from ..exporters import DelegationReport
 
-__all__ = ["Proof", "Lowered", "Reused", "Patched", "Failed", "Outcome", "Published"]
+__all__ = ["Proof", "ValueCheck", "Lowered", "Reused", "Patched", "Failed", "Outcome", "Published"]
+
+
+@dataclass(frozen=True)
+class ValueCheck:
+    """One input set of the proof: the file's outputs against the shared program's, all within
+    the target's tolerance; the worst output's max |diff| and SNR."""
+
+    label: str
+    outputs: int
+    max_abs: float
+    snr_db: float
+
+    def to_dict(self) -> dict[str, Any]:
+        snr = self.snr_db if math.isfinite(self.snr_db) else "inf"
+        return {"label": self.label, "outputs": self.outputs, "max_abs": self.max_abs, "snr_db": snr}
 
 
 @dataclass(frozen=True)
 class Proof:
     """What the job proved from the file on disk before staging it: the ranges the file
-    records (and, for a .pte, its memory plan) equal the declared ones, and the file ran at the
-    example and at each edge (``edges``: ``min``, ``max-1``, ``max``)."""
+    records (and, for a .pte, its memory plan) equal the declared ones, and the file computed the
+    shared program's outputs within the target's tolerance on the example and at each edge of
+    the declared ranges (``edges``: ``min``, ``max-1``, ``max``; ``values``: each set's worst
+    output)."""
 
     ranges: str
     edges: tuple[str, ...] = ()
+    values: tuple[ValueCheck, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranges": self.ranges,
+            "edges": list(self.edges),
+            "values": [v.to_dict() for v in self.values],
+        }
 
 
 @dataclass(frozen=True)
@@ -37,6 +64,10 @@ class _Published:
     delegation: DelegationReport | None
     seconds: float
     proof: Proof
+    #: why the target keeps some weights otherwise than as-is, by weight name (fused, folded...)
+    weight_notes: Mapping[str, str] = field(default_factory=dict)
+    #: stored tensors computed from weights (an ONNX constant folded from them): name -> weights
+    derived_copies: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def path(self) -> pathlib.Path:
@@ -49,9 +80,11 @@ class _Published:
 
 @dataclass(frozen=True)
 class Lowered(_Published):
-    """The target was decomposed and lowered from the shared program in this export."""
+    """The target was decomposed and lowered from the shared program in this export;
+    ``because`` says why no previous file served (a patch that could not write every copy, a
+    reused or patched file that failed its proof), None for a first export or a changed program."""
 
-    weight_notes: Mapping[str, str] = field(default_factory=dict)
+    because: str | None = None
     #: tensors the lowered program keeps, and those among them that are not the holder's objects
     kept_tensors: int = 0
     kept_not_shared: tuple[str, ...] = ()
@@ -70,10 +103,11 @@ class Reused(_Published):
 
 @dataclass(frozen=True)
 class Patched(_Published):
-    """A weights-only change written into copies of the previous files (same structure key)."""
+    """A weights-only change written into copies of the previous files (same structure key):
+    ``patched`` weights, every stored copy of each (``copies`` places in all)."""
 
-    weight_notes: Mapping[str, str] = field(default_factory=dict)
     patched: int = 0
+    copies: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """Prove a target's file from disk before it is staged: the ranges it records are the declared
-ones, and it runs at the example and at the edges of every declared range.
+ones, and it computes the shared program's outputs, within the target's tolerance, on the
+example and at the edges of every declared range.
 
-Why from the file and at the edges: a lowering can narrow a range without any error (a kernel's
-size question became a guard; ExecuTorch then plans memory for the narrowed maximum), and the
-only evidence is a file that refuses the top of the range. So the job reads the ranges back out of
-the file (ONNX metadata; the .pte's ranges method and its memory plan) and runs the file at min,
-max-1 and max, whatever strategy made it (lowered, forked, reused, patched).
+Why from the file, at the edges and by value: a lowering can narrow a range without any error (a
+kernel's size question became a guard; ExecuTorch then plans memory for the narrowed maximum),
+and the only evidence is a file that refuses the top of the range; and a file made any other way
+than a fresh lowering (a reused file, a weights-only patch) can run and still compute another
+model (a tied weight patched in one of its two copies). So whatever strategy made the file, it
+is run on the reference inputs and each output judged with the criterion ``dx.compare`` uses
+(parity/judge.py) against the shared program's own outputs.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import Any
 
 import torch
 
-from ..errors import DualExportError, RangeNarrowedError, RuntimeExecutionError
-from ..parity.inputs import inputs_with_shapes
+from ..errors import DualExportError, ProofMismatchError, RangeNarrowedError, RuntimeExecutionError
+from ..parity.judge import judge, output_tolerance
 from ..runtimes import open_runner
-from ..shared_state.contract import EdgeSizes, InputSpec
-from .outcome import Proof
+from ..shared_state.contract import InputSpec
+from .outcome import Proof, ValueCheck
+from .reference import ProofSet, Reference
 
 __all__ = ["prove_file"]
 
@@ -59,8 +63,20 @@ def _check_pte(runner: Any, specs: Sequence[InputSpec], name: str) -> str:
     planned = runner.planned_sizes()
     if planned is None:
         return "ranges method equals the declared ranges (memory plan not readable)"
-    for i, (dims, sizes) in enumerate(zip(declared, planned, strict=False)):
-        for d, ((lo, hi), cap) in enumerate(zip(dims, sizes, strict=False)):
+    if len(planned) != len(declared):
+        raise RangeNarrowedError(
+            f"{name} plans memory for {len(planned)} inputs, but the program takes {len(declared)}",
+            target="xnnpack",
+            hint="report this: the file does not take the program's inputs",
+        )
+    for i, (dims, sizes) in enumerate(zip(declared, planned, strict=True)):
+        if len(sizes) != len(dims):
+            raise RangeNarrowedError(
+                f"{name} plans input {i} with {len(sizes)} dims, but the program declares {len(dims)}",
+                target="xnnpack",
+                hint="report this: the file does not take the program's inputs",
+            )
+        for d, ((lo, hi), cap) in enumerate(zip(dims, sizes, strict=True)):
             if hi is not None and cap < hi:
                 raise RangeNarrowedError(
                     f"{name} plans input {i} dim {d} for at most {cap}, but the declared range is "
@@ -72,44 +88,63 @@ def _check_pte(runner: Any, specs: Sequence[InputSpec], name: str) -> str:
     return "ranges method and memory plan cover the declared ranges"
 
 
-def _run(runner: Any, flat: list[torch.Tensor], target: str, name: str, where: str) -> list[torch.Tensor]:
+def _run(runner: Any, case: ProofSet, target: str, name: str) -> list[torch.Tensor]:
     try:
-        outs = runner.run(flat)
+        outs = runner.run(list(case.inputs))
     except DualExportError as exc:
         raise RuntimeExecutionError(
-            f"{name} does not run {where}: {exc.message}", target=target, hint=exc.hint
+            f"{name} does not run {case.where}: {exc.message}", target=target, hint=exc.hint
         ) from exc
-    if not outs:
-        raise RuntimeExecutionError(f"{name} ran {where} but returned no outputs", target=target)
+    if len(outs) != len(case.outputs):
+        raise RuntimeExecutionError(
+            f"{name} returns {len(outs)} outputs {case.where}; the program returns {len(case.outputs)}",
+            target=target,
+            hint="the file does not compute the program's outputs; report the model",
+        )
     return outs
 
 
-def prove_file(
-    target: str,
-    path: pathlib.Path,
-    specs: Sequence[InputSpec],
-    edges: Sequence[EdgeSizes],
-    example: list[torch.Tensor],
-) -> Proof:
+def _judge(
+    target: str, name: str, case: ProofSet, outs: list[torch.Tensor], reference: Reference
+) -> ValueCheck:
+    worst_abs, worst_snr = 0.0, float("inf")
+    for k, (got, want) in enumerate(zip(outs, case.outputs, strict=True)):
+        shape = case.shapes[k] if k < len(case.shapes) else None
+        if tuple(got.shape) != tuple(want.shape) or (shape is not None and tuple(got.shape) != shape):
+            raise RuntimeExecutionError(
+                f"{name} returns output {k} of shape {tuple(got.shape)} {case.where}; the program "
+                f"gives {tuple(want.shape)}",
+                target=target,
+                hint="the file was specialized to the example's sizes; report the model",
+            )
+        tol = output_tolerance(target, k, want.dtype, quant_steps=reference.quant_steps, noise=case.noise)
+        m = judge(tol, got, want)
+        if not m.ok:
+            raise ProofMismatchError(
+                f"{name} computes output {k} {case.where} differently from the shared program: "
+                f"max_abs {m.max_abs:.3g}, SNR {m.snr_db:.1f} dB, {m.mismatch_pct:.2f}% of elements "
+                f"outside the tolerance ({tol.source})",
+                target=target,
+                hint="the file does not compute the program it was made from; it was not published",
+            )
+        worst_abs = max(worst_abs, m.max_abs)
+        worst_snr = min(worst_snr, m.snr_db)
+    return ValueCheck(case.label, len(outs), worst_abs, worst_snr)
+
+
+def prove_file(target: str, path: pathlib.Path, specs: Sequence[InputSpec], reference: Reference) -> Proof:
     """Load ``path`` in its runtime; check the ranges it records against ``specs`` (the pinned
-    contract); run it at the example and at each edge, checking the output shapes the contract
-    gives. Raises the target's error (``RangeNarrowedError``, ``RuntimeExecutionError``,
+    contract); run it on every proof set (a fresh load per set for a stateful program) and judge
+    each output against the shared program's. Raises the target's error
+    (``RangeNarrowedError``, ``RuntimeExecutionError``, ``ProofMismatchError``,
     ``RuntimeLoadError``) when any of it fails."""
     runner = open_runner(target, path, lean=True)
     ranges = (_check_onnx if target == "onnx" else _check_pte)(runner, specs, path.name)
-    _run(runner, example, target, path.name, "on the example inputs")
-    ran = []
-    for i, edge in enumerate(edges):
-        where = f"at the {edge.label} of its declared ranges ({', '.join(f'{k}={v}' for k, v in edge.symbols.items())})"
-        outs = _run(runner, inputs_with_shapes(example, edge.inputs, i), target, path.name, where)
-        if len(outs) == len(edge.outputs):
-            for k, (got, want) in enumerate(zip(outs, edge.outputs, strict=True)):
-                if want is not None and tuple(got.shape) != want:
-                    raise RuntimeExecutionError(
-                        f"{path.name} returns output {k} of shape {tuple(got.shape)} {where}; the "
-                        f"program gives {want}",
-                        target=target,
-                        hint="the file was specialized to the example's sizes; report the model",
-                    )
-        ran.append(edge.label)
-    return Proof(ranges=ranges, edges=tuple(ran))
+    values = []
+    for index, case in enumerate(reference.sets):
+        if index and reference.stateful:
+            runner = open_runner(target, path, lean=True)
+        outs = _run(runner, case, target, path.name)
+        values.append(_judge(target, path.name, case, outs, reference))
+    edges = tuple(c.label for c in reference.sets if c.label != "example")
+    return Proof(ranges=ranges, edges=edges, values=tuple(values))

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, RuntimeExecutionError, RuntimeLoadError
+from ..outputs.paths import safe_child
 from ..shared_state.contract import DATA_FILE_METHOD, DATA_SUFFIX, RANGES_METHOD, decode_input_ranges
 
 __all__ = ["ExecuTorchRunner"]
@@ -45,6 +46,10 @@ class ExecuTorchRunner:
                 target="xnnpack",
                 hint="the file is truncated or not a .pte; re-export",
             ) from exc
+        if external:
+            # The data file is read like ONNX external data: a plain file of the program's own
+            # folder, never a symlink that leaves it.
+            safe_child(path.parent, self.data_path.name, what=f"the data file of {path.name}")
         if external and not self.data_path.is_file():
             # ExecuTorch 1.4.1 dereferences the missing data map and crashes the process.
             raise RuntimeLoadError(

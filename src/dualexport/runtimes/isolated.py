@@ -13,6 +13,7 @@ mid-request is reported as the target's error naming the signal.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import pathlib
 import signal
@@ -20,9 +21,12 @@ from typing import Any
 
 import torch
 
+from .._proc import StallWatch
 from ..errors import DualExportError, RuntimeExecutionError, RuntimeLoadError
 
-__all__ = ["IsolatedRunner", "call_isolated"]
+__all__ = ["IsolatedRunner", "call_isolated", "STALL_SECONDS"]
+
+logger = logging.getLogger(__name__)
 
 #: The runner attributes the parent may read (ranges the file records, its memory plan).
 _ATTRIBUTES = ("input_specs", "ranges", "external")
@@ -88,6 +92,25 @@ def _serve(conn: Any, target: str, path: str, lean: bool) -> None:
             _send(conn, ("error", _portable(exc)))
 
 
+#: A runtime child that uses no CPU this long while the parent waits is stuck: it is killed.
+STALL_SECONDS = 120.0
+
+
+def _wait(conn: Any, proc: Any, doing: str) -> None:
+    """Block until the child answers or dies; a child stuck without using CPU for
+    ``STALL_SECONDS`` is killed (the caller then reports it as crashed), so no receive waits
+    forever. An interrupt (Ctrl-C) reaches the caller at once."""
+    watch = StallWatch(proc.pid, STALL_SECONDS)
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            return  # the receive sees EOF
+        if watch.stalled():
+            logger.warning("%s: no CPU used for %.0f s; killed", doing, STALL_SECONDS)
+            proc.kill()
+            proc.join(timeout=10)
+            return
+
+
 def _portable(exc: BaseException) -> BaseException:
     """The exception itself when it crosses a pipe, else a RuntimeExecutionError saying it."""
     import pickle
@@ -118,6 +141,7 @@ class IsolatedRunner:
 
     def _receive(self, doing: str) -> Any:
         try:
+            _wait(self._conn, self._proc, f"{self._target} runtime {doing} {self._path.name}")
             kind, value = _recv(self._conn)
         except (EOFError, OSError):
             self._proc.join(timeout=10)
@@ -185,6 +209,7 @@ def call_isolated(fn: Any, *args: Any, target: str, what: str) -> Any:
     proc.start()
     child.close()
     try:
+        _wait(conn, proc, f"{target} runtime {what}")
         kind, value = _recv(conn)
     except (EOFError, OSError):
         proc.join(timeout=10)

@@ -410,6 +410,19 @@ class SharedProgram:
         if narrowed:
             raise narrowed_error(target, narrowed)
 
+    @contextlib.contextmanager
+    def watch_program(self, target: str) -> Iterator[None]:
+        """Refuse (``ProgramMutatedError``) work that changed the graph or a weight of the shared
+        program: the pin's check, for work whose changes the pin cannot see (a forked worker
+        mutates its own copy of the program, and its file is made from that copy)."""
+        before = self.fingerprint(rehash=False)
+        yield
+        changed = [c for c in before.diff(self.fingerprint(rehash=True)) if c != "symbolic shape ranges"]
+        if changed:
+            raise ProgramMutatedError(
+                f"{target} changed the shared program: {', '.join(changed)}", target=target
+            )
+
     # ------------------------------------------------------------------ running
     def run_eager(self, *args: Any, **kwargs: Any) -> Any:
         """Run the shared program eagerly (the reference every runtime is compared with)."""

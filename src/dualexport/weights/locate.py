@@ -1,10 +1,20 @@
-"""Build manifest entries from the shared program and find each one in an artifact on disk."""
+"""Build manifest entries from the shared program and find *every* copy of each one in an
+artifact on disk.
+
+The search runs from the file's side as much as from the weight's: every initializer of an
+ONNX file and every named blob and constant buffer of a .pte is accounted to the weights whose
+bytes it holds (as-is, or after a layout permutation), so a second copy (a tied head's
+transposed initializer, a weight kept both in the portable constant buffer and in XNNPACK named
+data) is recorded beside the first instead of hiding behind it. Copies that are a function of a
+weight but not its bytes (an ONNX constant folded from it, a convolution fused with BatchNorm)
+are recorded as ``derived`` with the reason.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -13,9 +23,17 @@ from ..shared_state.tensor_bytes import storage_key, tensor_bytes, tensor_sha256
 from .manifest import WeightEntry, WeightLocation
 from .readers import OnnxTensors, PteTensors
 
-__all__ = ["holder_tensors", "build_entries", "locate_onnx", "locate_pte", "permuted_sha256"]
+__all__ = [
+    "holder_tensors",
+    "build_entries",
+    "locate_onnx",
+    "locate_pte",
+    "permuted_sha256",
+    "PARITY_CHECK",
+]
 
-PARITY_CHECK = "outputs compared with eager by dx.compare"
+PARITY_CHECK = "outputs compared with the shared program when the file was proven, and by dx.compare"
+Copies = dict[str, tuple[WeightLocation, ...]]
 
 
 def holder_tensors(program: ExportedProgram) -> dict[str, torch.Tensor]:
@@ -61,6 +79,26 @@ def build_entries(program: ExportedProgram, digests: Mapping[str, str] | None = 
     return entries
 
 
+def permuted_sha256(tensor: torch.Tensor, perm: tuple[int, ...]) -> str:
+    return hashlib.sha256(tensor_bytes(tensor.permute(*perm).contiguous())).hexdigest()
+
+
+#: The layouts the targets are known to store (XNNPACK: NHWC convolutions, its transposed
+#: convolutions; ONNX: a MatMul's transposed weight); others are tried only for a weight found
+#: nowhere else.
+_PREFERRED: dict[int, list[tuple[int, ...]]] = {4: [(0, 2, 3, 1), (1, 2, 3, 0)], 3: [(0, 2, 1)], 2: [(1, 0)]}
+
+
+def _permutations(ndim: int, *, all_of_them: bool = True) -> list[tuple[int, ...]]:
+    if ndim < 2 or ndim > 5:
+        return []
+    preferred = _PREFERRED.get(ndim, [])
+    if not all_of_them:
+        return list(preferred)
+    rest = [p for p in itertools.permutations(range(ndim)) if p != tuple(range(ndim)) and p not in preferred]
+    return preferred + rest
+
+
 def _not_found(entry: WeightEntry, notes: Mapping[str, str], target: str) -> WeightLocation:
     for n in entry.names:
         if n in notes:
@@ -72,98 +110,212 @@ def _not_found(entry: WeightEntry, notes: Mapping[str, str], target: str) -> Wei
     )
 
 
+def _note(entry: WeightEntry, notes: Mapping[str, str]) -> str | None:
+    return next((notes[n] for n in entry.names if n in notes), None)
+
+
+def _transformed(where: str, sha: str, perm: tuple[int, ...], reason: str) -> WeightLocation:
+    return WeightLocation(
+        status="transformed",
+        where=where,
+        stored_sha256=sha,
+        permutation=perm,
+        reason=reason,
+        checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+    )
+
+
+# ---------------------------------------------------------------------------------- ONNX
+def _onnx_place(store: OnnxTensors, init: str) -> str:
+    return f"initializer:{init}@{store.where[init]}"
+
+
 def locate_onnx(
-    entry: WeightEntry, store: OnnxTensors, notes: Mapping[str, str], tensor: torch.Tensor | None = None
-) -> WeightLocation:
-    for n in entry.names:
-        if n in store.sha256:
-            if store.sha256[n] == entry.sha256:
-                return WeightLocation(
-                    status="exact",
-                    where=f"initializer:{n}@{store.where[n]}",
-                    checked="sha256 of the initializer bytes",
+    entries: Sequence[WeightEntry],
+    tensors: Mapping[str, torch.Tensor],
+    store: OnnxTensors,
+    notes: Mapping[str, str],
+    derived: Mapping[str, Sequence[str]] | None = None,
+) -> Copies:
+    """Every initializer that holds each entry: by name (exact, or a name carrying other bytes:
+    mismatch), by bytes under another name, as a permutation of the weight (the ONNX pipeline
+    folds a MatMul's transpose into its weight), or folded from it (``derived``: the pipeline's
+    constant folding recorded which weights each new initializer came from)."""
+    copies: dict[str, list[WeightLocation]] = {e.name: [] for e in entries}
+    by_sha: dict[tuple[str, int], list[str]] = {}
+    for init, sha in store.sha256.items():
+        by_sha.setdefault((sha, store.nbytes.get(init, -1)), []).append(init)
+    claimed: set[str] = set()
+    named = {n for e in entries for n in e.names}
+    for e in entries:
+        for n in e.names:
+            if n not in store.sha256:
+                continue
+            claimed.add(n)
+            if store.sha256[n] == e.sha256:
+                copies[e.name].append(
+                    WeightLocation("exact", _onnx_place(store, n), checked="sha256 of the initializer bytes")
                 )
-            return WeightLocation(
-                status="mismatch",
-                where=f"initializer:{n}@{store.where[n]}",
-                stored_sha256=store.sha256[n],
-                reason="an initializer carries this weight's name but not its bytes (a folded or "
-                "rewritten value under the original name)",
-            )
-    for init_name, sha in store.sha256.items():
-        if sha == entry.sha256 and store.nbytes.get(init_name) == entry.nbytes:
-            return WeightLocation(
-                status="exact",
-                where=f"initializer:{init_name}@{store.where[init_name]}",
-                checked="sha256 of the initializer bytes (stored under another name)",
-            )
-    if tensor is not None and any(n in notes for n in entry.names):
-        # Folded by the ONNX pipeline: a MatMul's weight becomes its transposed copy.
-        by_sha = {sha: name for name, sha in store.sha256.items() if store.nbytes.get(name) == entry.nbytes}
-        for perm in _permutations(tensor.dim()):
-            sha = permuted_sha256(tensor, perm)
-            if sha in by_sha:
-                init = by_sha[sha]
-                return WeightLocation(
-                    status="transformed",
-                    where=f"initializer:{init}@{store.where[init]}",
-                    stored_sha256=sha,
-                    permutation=perm,
-                    reason=f"the ONNX pipeline folded it into a permute{perm} copy (a MatMul's weight)",
-                    checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+            else:
+                copies[e.name].append(
+                    WeightLocation(
+                        "mismatch",
+                        _onnx_place(store, n),
+                        stored_sha256=store.sha256[n],
+                        reason="an initializer carries this weight's name but not its bytes (a folded "
+                        "or rewritten value under the original name)",
+                    )
                 )
-    return _not_found(entry, notes, "onnx")
+        for init in by_sha.get((e.sha256, e.nbytes), ()):
+            if init in e.names or (init in named and store.sha256[init] != e.sha256):
+                continue
+            claimed.add(init)
+            copies[e.name].append(
+                WeightLocation(
+                    "exact",
+                    _onnx_place(store, init),
+                    checked="sha256 of the initializer bytes (stored under another name, or shared "
+                    "with an equal weight)",
+                )
+            )
+    orphans = [i for i in store.sha256 if i not in claimed and i not in named]
+    for e, init, sha, perm in _permuted_matches(entries, tensors, orphans, store.dims, store.nbytes, copies):
+        if store.sha256[init] == sha:
+            claimed.add(init)
+            copies[e.name].append(
+                _transformed(
+                    _onnx_place(store, init),
+                    sha,
+                    perm,
+                    f"the ONNX pipeline folded it into a permute{perm} copy (a MatMul's weight)",
+                )
+            )
+    by_name = {n: e for e in entries for n in e.names}
+    for init, sources in (derived or {}).items():
+        if init in claimed or init not in store.sha256:
+            continue
+        for w in dict.fromkeys(sources):
+            owner = by_name.get(w)
+            if owner is None:
+                continue
+            copies[owner.name].append(
+                WeightLocation(
+                    "derived",
+                    _onnx_place(store, init),
+                    reason="the ONNX pipeline folded it with other constants into this initializer "
+                    f"(from {', '.join(sorted(sources))}): a function of the weight, not its bytes",
+                    checked=PARITY_CHECK,
+                )
+            )
+    return {
+        e.name: tuple(copies[e.name]) if copies[e.name] else (_not_found(e, notes, "onnx"),) for e in entries
+    }
 
 
-def permuted_sha256(tensor: torch.Tensor, perm: tuple[int, ...]) -> str:
-    return hashlib.sha256(tensor_bytes(tensor.permute(*perm).contiguous())).hexdigest()
+def _permuted_matches(
+    entries: Sequence[WeightEntry],
+    tensors: Mapping[str, torch.Tensor],
+    orphans: Iterable[str],
+    dims: Mapping[str, tuple[int, ...]],
+    nbytes: Mapping[str, int],
+    found: Mapping[str, list[WeightLocation]],
+) -> Iterable[tuple[WeightEntry, str, str, tuple[int, ...]]]:
+    """(entry, initializer, the entry's sha256 after ``perm``, perm) for every orphan
+    initializer whose dims are a permutation of an entry's shape; each permuted digest is
+    computed once."""
+    by_size: dict[int, list[str]] = {}
+    for o in orphans:
+        by_size.setdefault(nbytes.get(o, -1), []).append(o)
+    for e in entries:
+        tensor = tensors.get(e.name)
+        if tensor is None or e.nbytes not in by_size or len(e.shape) < 2:
+            continue
+        shas: dict[tuple[int, ...], str] = {}
+        for init in by_size[e.nbytes]:
+            d = dims.get(init)
+            if d is None or len(d) != len(e.shape) or sorted(d) != sorted(e.shape):
+                continue
+            for perm in _permutations(len(e.shape), all_of_them=not found[e.name]):
+                if tuple(e.shape[p] for p in perm) != d:
+                    continue
+                if perm not in shas:
+                    shas[perm] = permuted_sha256(tensor, perm)
+                yield e, init, shas[perm], perm
 
 
-def _permutations(ndim: int) -> list[tuple[int, ...]]:
-    if ndim < 2 or ndim > 5:
-        return []
-    known: dict[int, list[tuple[int, ...]]] = {4: [(0, 2, 3, 1), (1, 2, 3, 0)], 3: [(0, 2, 1)], 2: [(1, 0)]}
-    preferred = known.get(ndim, [])
-    rest = [p for p in itertools.permutations(range(ndim)) if p != tuple(range(ndim)) and p not in preferred]
-    return preferred + rest
-
-
+# ---------------------------------------------------------------------------- ExecuTorch
 def locate_pte(
-    entry: WeightEntry, tensor: torch.Tensor | None, store: PteTensors, notes: Mapping[str, str]
-) -> WeightLocation:
-    if entry.sha256 in store.named:
-        return WeightLocation(
-            status="exact",
-            where=f"named_data:{entry.sha256}",
-            checked="sha256 of the XNNPACK named data (its key)",
-        )
-    idx = store.find_constant(entry.sha256, entry.nbytes)
-    if idx is not None:
-        return WeightLocation(
-            status="exact", where=f"constant_buffer:{idx}", checked="sha256 of the constant buffer bytes"
-        )
-    blob = bytes(tensor_bytes(tensor)) if tensor is not None and entry.nbytes >= 8 else b""
-    if blob and len(set(blob)) > 1 and store.raw:
-        # Small per-channel tensors (quantization scales) live inside the delegate's own payload.
-        # Constant byte patterns (all zeros) would match anywhere, so they are never searched.
-        offset = store.raw.find(blob)
-        if offset >= 0:
-            return WeightLocation(
-                status="exact",
-                where=f"delegate_payload:{offset}",
-                checked="bytes found verbatim in the XNNPACK delegate payload",
-            )
-    if tensor is not None and store.named:
-        for perm in _permutations(tensor.dim()):
-            sha = permuted_sha256(tensor, perm)
-            if sha in store.named:
-                layout = "NHWC (channels last)" if perm == (0, 2, 3, 1) else f"permute{perm}"
-                return WeightLocation(
-                    status="transformed",
-                    where=f"named_data:{sha}",
-                    stored_sha256=sha,
-                    permutation=perm,
-                    reason=f"XNNPACK stores it in {layout} layout",
-                    checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+    entries: Sequence[WeightEntry],
+    tensors: Mapping[str, torch.Tensor],
+    store: PteTensors,
+    notes: Mapping[str, str],
+    derived: Mapping[str, Sequence[str]] | None = None,
+) -> Copies:
+    """Every place of a .pte (and its .ptd) that holds each entry: XNNPACK named data keyed by
+    its sha256 (as-is or permuted), constant buffers read by a tensor of its size, and, for a
+    small tensor found nowhere else, one unique offset inside the delegate payload."""
+    copies: dict[str, list[WeightLocation]] = {e.name: [] for e in entries}
+    claimed: set[str] = set()
+    for e in entries:
+        if e.sha256 in store.named:
+            claimed.add(e.sha256)
+            copies[e.name].append(
+                WeightLocation(
+                    "exact", f"named_data:{e.sha256}", checked="sha256 of the XNNPACK named data (its key)"
                 )
-    return _not_found(entry, notes, "xnnpack")
+            )
+        for idx in store.constants_holding(e.sha256, e.nbytes):
+            copies[e.name].append(
+                WeightLocation(
+                    "exact",
+                    f"constant_buffer:{idx}",
+                    checked="sha256 of the constant buffer bytes (read by a tensor of this size)",
+                )
+            )
+    orphan_sizes = {n for k, n in store.named_sizes.items() if k not in claimed}
+    fused = {w for sources in (derived or {}).values() for w in sources}
+    for e in entries:
+        tensor = tensors.get(e.name)
+        if tensor is None or e.nbytes not in orphan_sizes or fused.intersection(e.names):
+            continue
+        for perm in _permutations(tensor.dim(), all_of_them=not copies[e.name]):
+            sha = permuted_sha256(tensor, perm)
+            if sha in store.named and sha != e.sha256:
+                layout = "NHWC (channels last)" if perm == (0, 2, 3, 1) else f"permute{perm}"
+                copies[e.name].append(
+                    _transformed(f"named_data:{sha}", sha, perm, f"XNNPACK stores it in {layout} layout")
+                )
+    for e in entries:
+        tensor = tensors.get(e.name)
+        if not copies[e.name] and tensor is not None:
+            found = _in_payload(e, tensor, store)
+            if found is not None:
+                copies[e.name].append(found)
+        if copies[e.name] and fused.intersection(e.names):
+            # Stored as-is somewhere and, by the graph, also used in a form the file keeps as a
+            # function of it (fused, requantized): that copy cannot be checked or patched.
+            reason = _note(e, notes) or "stored as a function of the weight by XNNPACK"
+            copies[e.name].append(WeightLocation("derived", reason=reason, checked=PARITY_CHECK))
+    return {
+        e.name: tuple(copies[e.name]) if copies[e.name] else (_not_found(e, notes, "xnnpack"),)
+        for e in entries
+    }
+
+
+def _in_payload(e: WeightEntry, tensor: torch.Tensor, store: PteTensors) -> WeightLocation | None:
+    """Small per-channel tensors (quantization scales) live inside the delegate's own payload.
+    Bound to one offset only when their bytes occur exactly once in the payloads; a constant
+    byte pattern (all zeros) would match anywhere and is never searched."""
+    if e.nbytes < 8 or e.nbytes > (1 << 20):
+        return None
+    blob = bytes(tensor_bytes(tensor))
+    if len(set(blob)) <= 1:
+        return None
+    offsets = store.payload_offsets(blob)
+    if len(offsets) != 1:
+        return None
+    return WeightLocation(
+        "exact",
+        f"delegate_payload:{offsets[0]}",
+        checked="bytes at this offset of the XNNPACK delegate payload (found there once)",
+    )

@@ -20,16 +20,25 @@ from typing import Any
 from ..errors import ArtifactFormatError, ArtifactIOError
 from ..outputs.paths import safe_child
 
-__all__ = ["OnnxTensors", "PteTensors", "read_onnx", "read_pte", "check_pte_header"]
+__all__ = [
+    "OnnxTensors",
+    "PteTensors",
+    "read_onnx",
+    "read_pte",
+    "read_ptd",
+    "check_pte_header",
+    "file_extent",
+]
 
 
 @dataclass(frozen=True)
 class OnnxTensors:
-    """sha256 and size of each initializer by name, and where its bytes are."""
+    """sha256, size, dims and place of each initializer, by name."""
 
     sha256: dict[str, str]
     nbytes: dict[str, int]
     where: dict[str, str]
+    dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -43,6 +52,13 @@ class PteTensors:
     named: dict[str, str]
     constant_buffers: list[memoryview]
     raw: Any = b""  # the mapped file (mmap: find/slice like bytes)
+    #: constant buffer index -> the byte sizes of the program's tensors that read it (a buffer is
+    #: padded to the tensor alignment, so its length alone does not bind it to a weight)
+    buffer_tensors: dict[int, frozenset[int]] = field(default_factory=dict)
+    #: (offset, size) in the file of each delegate's payload (the XNNPACK flatbuffer)
+    payloads: tuple[tuple[int, int], ...] = ()
+    #: named data key -> its size in bytes (in the .pte or its .ptd)
+    named_sizes: dict[str, int] = field(default_factory=dict)
     #: named data kept in the program's data file (``<stem>.ptd``): key -> (offset, nbytes) there
     external: dict[str, tuple[int, int]] = field(default_factory=dict)
     data_file: str | None = None
@@ -61,11 +77,33 @@ class PteTensors:
             self._prefix_cache[key] = hashlib.sha256(self.constant_buffers[index][:nbytes]).hexdigest()
         return self._prefix_cache[key]
 
-    def find_constant(self, sha: str, nbytes: int) -> int | None:
-        for i, buf in enumerate(self.constant_buffers):
-            if len(buf) >= nbytes and (nbytes or len(buf) == 0) and self.constant_sha(i, nbytes) == sha:
-                return i
-        return None
+    def bound(self, index: int, nbytes: int) -> bool:
+        """Buffer ``index`` is read by a tensor of exactly ``nbytes`` (mutable state buffers,
+        appended after the constants, carry no tensor record and are bound by size)."""
+        sizes = self.buffer_tensors.get(index)
+        if sizes is None:
+            return index < len(self.constant_buffers) and len(self.constant_buffers[index]) == nbytes
+        return nbytes in sizes
+
+    def constants_holding(self, sha: str, nbytes: int) -> list[int]:
+        """Every constant buffer bound to a tensor of ``nbytes`` whose bytes hash to ``sha``."""
+        return [
+            i
+            for i in range(len(self.constant_buffers))
+            if nbytes and self.bound(i, nbytes) and self.constant_sha(i, nbytes) == sha
+        ]
+
+    def payload_offsets(self, blob: bytes) -> list[int]:
+        """File offsets of ``blob`` inside the delegate payloads (never elsewhere in the file)."""
+        out = []
+        for start, size in self.payloads:
+            region = memoryview(self.raw)[start : start + size]
+            pos = bytes(region).find(blob) if size else -1
+            while pos != -1:
+                out.append(start + pos)
+                pos = bytes(region).find(blob, pos + 1)
+            region.release()
+        return out
 
 
 def read_onnx(path: pathlib.Path) -> OnnxTensors:
@@ -85,9 +123,11 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
     sha: dict[str, str] = {}
     nbytes: dict[str, int] = {}
     where: dict[str, str] = {}
+    dims: dict[str, tuple[int, ...]] = {}
     handles: dict[pathlib.Path, object] = {}
     try:
         for init in model.graph.initializer:
+            dims[init.name] = tuple(int(d) for d in init.dims)
             if init.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in init.external_data}
                 loc = safe_child(
@@ -133,7 +173,7 @@ def read_onnx(path: pathlib.Path) -> OnnxTensors:
     finally:
         for f in handles.values():
             f.close()  # type: ignore[attr-defined]
-    return OnnxTensors(sha, nbytes, where)
+    return OnnxTensors(sha, nbytes, where, dims)
 
 
 def _extent(info: dict[str, str], name: str, path: pathlib.Path) -> tuple[int, int]:
@@ -239,26 +279,105 @@ def read_pte(path: pathlib.Path) -> PteTensors:
             hint="re-export; the file may be truncated or not a .pte file",
         ) from exc
     named: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     nd = pte.named_data
     if nd is not None:
         for key, entry in nd.pte_data.items():
             named[key] = hashlib.sha256(nd.buffers[entry.buffer_index]).hexdigest()
+            sizes[key] = len(nd.buffers[entry.buffer_index])
         if isinstance(data, mmap.mmap):  # the hashed pages leave the resident set (see sha256_mapped)
             with contextlib.suppress(OSError, ValueError):
                 data.madvise(mmap.MADV_DONTNEED)
     constants = [memoryview(b.storage) for b in pte.program.constant_buffer]
+    buffer_tensors = _buffer_tensors(pte.program)
     # Mutable buffers (state) are stored with their initial values in the mutable segment.
     constants += [memoryview(b.storage) for b in (pte.mutable_data or [])]
+    payloads = tuple(file_extent(data, d.data) for d in pte.program.backend_delegate_data)
     del pte, nd
     external: dict[str, tuple[int, int]] = {}
     data_file = None
     ptd = path.with_suffix(".ptd")
-    if ptd.is_file():
+    if ptd.exists() or ptd.is_symlink():  # refused like ONNX external data: a symlink out, a non-file
         safe_child(path.parent, ptd.name, what="the program's data file")
+        if not ptd.is_file():
+            raise ArtifactFormatError(
+                f"{ptd.name} beside {path.name} is not a regular file",
+                hint="keep the real .ptd file next to the .pte file",
+            )
         external, ptd_data = read_ptd(ptd)
         for key, (off, n) in external.items():
             named[key] = sha256_mapped(ptd_data, off, n)
+            sizes[key] = n
         data_file = ptd.name
     return PteTensors(
-        named=named, constant_buffers=constants, raw=data, external=external, data_file=data_file
+        named=named,
+        constant_buffers=constants,
+        raw=data,
+        buffer_tensors=buffer_tensors,
+        payloads=tuple(p for p in payloads if p is not None),
+        named_sizes=sizes,
+        external=external,
+        data_file=data_file,
     )
+
+
+#: bytes per element of ExecuTorch's ScalarType codes (executorch/exir/scalar_type.py)
+_SCALAR_BYTES = {
+    0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 12: 1, 13: 1, 14: 4,
+    15: 2, 22: 2, 23: 1, 24: 1, 25: 1, 26: 1, 27: 2, 28: 4, 29: 8,
+}  # fmt: skip
+
+
+def _buffer_tensors(program: Any) -> dict[int, frozenset[int]]:
+    """Constant buffer index -> byte sizes of the constant tensors (no memory plan) reading it,
+    over every method of the program."""
+    sizes: dict[int, set[int]] = {}
+    for plan in program.execution_plan:
+        for value in plan.values:
+            t = value.val
+            idx = getattr(t, "data_buffer_idx", 0)
+            if not idx or getattr(t, "allocation_info", None) is not None:
+                continue
+            numel = 1
+            for d in t.sizes:
+                numel *= int(d)
+            elem = _SCALAR_BYTES.get(int(getattr(t.scalar_type, "value", t.scalar_type)))
+            if elem is not None:
+                sizes.setdefault(int(idx), set()).add(numel * elem)
+    return {i: frozenset(v) for i, v in sizes.items()}
+
+
+def file_extent(data: Any, view: Any) -> tuple[int, int] | None:
+    """(offset, size) of ``view`` in the mapped file ``data`` (ExecuTorch's deserializer slices
+    the mapping without copying), or None when it is a copy."""
+    import numpy as np
+
+    if not isinstance(data, mmap.mmap) or not isinstance(view, memoryview | bytes) or not len(view):
+        return None
+    base = np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0]
+    addr = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    off = addr - base
+    return (off, len(view)) if 0 <= off <= len(data) - len(view) else None
+
+
+def pte_extents(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], dict[int, tuple[int, int]]]:
+    """File offset and size of every named-data buffer and every constant buffer of a .pte
+    (what the weights-only patch rewrites in place), from ExecuTorch's own reader."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    pte = deserialize_pte_binary(memoryview(data))
+    named: dict[str, tuple[int, int]] = {}
+    nd = pte.named_data
+    if nd is not None:
+        for key, entry in nd.pte_data.items():
+            at = file_extent(data, nd.buffers[entry.buffer_index])
+            if at is not None:
+                named[key] = at
+    constants = {
+        i: at
+        for i, b in enumerate(pte.program.constant_buffer)
+        if (at := file_extent(data, b.storage)) is not None
+    }
+    return named, constants  # the read-only mapping goes with its last view

@@ -1,0 +1,87 @@
+"""What every file of an export must compute: the shared program's outputs on the example and at
+the edges of every declared range, computed once per export and shared by all targets' proofs.
+
+Why once, and from the shared program: the proof of a file is a comparison with the program the
+file claims to be (whatever made it: a lowering, a reused file, a patched copy), so the
+reference must not come from a target's own decomposition, and computing it once keeps the
+proof's cost to the runs of the files themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..parity.inputs import inputs_with_shapes
+from ..parity.judge import quantization_noise
+from ..runtimes.eager import EagerRunner
+from ..shared_state import SharedProgram
+from ..shared_state.contract import EdgeSizes, is_stateful
+
+__all__ = ["ProofSet", "Reference", "reference_sets"]
+
+
+@dataclass(frozen=True)
+class ProofSet:
+    """One input set of the proof: its label (``example``, ``min``, ``max-1``, ``max``), a
+    sentence for messages, the flat inputs, and the shared program's flat outputs on them."""
+
+    label: str
+    where: str
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    #: per output, the output shape the input contract gives (None: not a tensor or unknown)
+    shapes: tuple[tuple[int, ...] | None, ...] = ()
+    #: int8 programs: per output, the SNR of the quantized reference against the float model
+    noise: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The proof's input sets, and what judging them needs from the program."""
+
+    sets: tuple[ProofSet, ...]
+    stateful: bool
+    #: int8 programs: per output index, its quantization step
+    quant_steps: Mapping[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def reference_sets(
+    shared: SharedProgram, example: Sequence[torch.Tensor], edges: Sequence[EdgeSizes]
+) -> Reference:
+    """Run the shared program eagerly on the example and on inputs at each edge (each from a
+    fresh state when the program is stateful)."""
+    from ..shared_state.quantize import output_quant_steps
+
+    t0 = time.perf_counter()
+    program = shared.exported_program
+    stateful = is_stateful(program)
+    quant_steps = output_quant_steps(program)
+    eager = EagerRunner(program, shared.example_args, shared.example_kwargs)
+    floats = (
+        EagerRunner(shared.float_program, shared.example_args, shared.example_kwargs)
+        if shared.float_program is not None and quant_steps
+        else None
+    )
+    plan: list[tuple[str, str, list[torch.Tensor], tuple[tuple[int, ...] | None, ...]]] = [
+        ("example", "on the example inputs", list(example), ())
+    ]
+    for i, edge in enumerate(edges):
+        where = "at the {} of its declared ranges ({})".format(
+            edge.label, ", ".join(f"{k}={v}" for k, v in edge.symbols.items())
+        )
+        plan.append((edge.label, where, inputs_with_shapes(example, edge.inputs, i), edge.outputs))
+    sets = []
+    for index, (label, where, flat, shapes) in enumerate(plan):
+        if index and stateful:
+            eager.reset()
+            if floats is not None:
+                floats.reset()
+        outs = eager.run(flat)
+        noise = quantization_noise(outs, floats.run(flat)) if floats is not None else {}
+        sets.append(ProofSet(label, where, tuple(flat), tuple(outs), tuple(shapes), noise))
+    return Reference(tuple(sets), stateful, quant_steps, time.perf_counter() - t0)
