@@ -15,6 +15,11 @@ from .delegation import DelegationReport
 __all__ = ["Exporter", "LoweredTarget", "ExportOptions"]
 
 
+#: Options that change how the files are made, never their bytes (pruned passes are proven
+#: byte-identical; a forked lowering lowers the same program).
+FILE_NEUTRAL = frozenset({"prune_backend_passes", "parallel"})
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     """Options a target may read; defaults are what a careful user would pick."""
@@ -48,7 +53,8 @@ class ExportOptions:
     onnx_passes: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The options that make the files (how they are made, never their bytes, left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in FILE_NEUTRAL}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> ExportOptions:

@@ -15,7 +15,6 @@ import os
 import pathlib
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from .._versions import library_versions
@@ -23,11 +22,6 @@ from ..shared_state.fingerprint import ProgramFingerprint
 from .base import ExportOptions
 
 __all__ = ["target_cache_key", "previous_manifest", "link_previous_files"]
-
-
-#: Options that change how the files are made, never their bytes (pruned passes are proven
-#: byte-identical; a forked lowering lowers the same program).
-_NOT_IN_KEY = frozenset({"prune_backend_passes", "parallel"})
 
 
 def target_cache_key(
@@ -45,7 +39,7 @@ def target_cache_key(
         "weights": sorted(fp.weights.items()) if weights else None,
         "shapes": fp.shapes,
         "target": target,
-        "options": {k: v for k, v in asdict(options).items() if k not in _NOT_IN_KEY},
+        "options": options.to_dict(),
         "versions": library_versions(),
         "extra": dict(extra or {}),
     }
