@@ -129,17 +129,17 @@ def _pages(out: pathlib.Path) -> dict[str, Callable[[], str]]:
     }
 
 
-def _commit() -> str:
+def _commit(package: pathlib.Path) -> str:
+    """The commit of the checkout ``package`` lies in (the code that renders), if it is one."""
     try:
-        root = pathlib.Path(__file__).resolve().parents[1]
         return subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(package), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return "not a git checkout"
 
 
 def main() -> None:
@@ -150,7 +150,8 @@ def main() -> None:
     quiet()
     import dualexport
 
-    print(f"dualexport from {pathlib.Path(dualexport.__file__).parent} at commit {_commit()}")
+    package = pathlib.Path(dualexport.__file__).parent
+    print(f"dualexport from {package} (commit: {_commit(package)})")
     with tempfile.TemporaryDirectory() as d:
         pages = _pages(pathlib.Path(d) / "out")
         for name, render in pages.items():

@@ -125,11 +125,16 @@ def test_export_page_holds_every_section(exported: tuple[ExportResult, ParityRep
     assert len(svgs) == 2 + len(good.outputs)  # delegation bars, SNR dots, a histogram per output
     for svg in svgs:
         assert re.match(r'<svg class="chart" [^>]*role="img" aria-label="[^"]+"><title>[^<]+</title>', svg)
-        tipped = re.findall(r'<g id="c[0-9a-f]{8}-\d+"><title>[^<]+</title>', svg)
-        assert len(tipped) == len(re.findall(r'<g id="c[0-9a-f]{8}-\d+">', svg)) > 0
+        # a mark drawn alone has its <title> first in its group; marks drawn as one artist
+        # (the SNR dots) have one per <use>
+        alone = re.findall(r'<g id="c[0-9a-f]{8}-\d+"><title>[^<]+</title>', svg)
+        together = re.findall(r"<use [^>]*><title>[^<]+</title></use>", svg)
+        assert len(alone) + len(together) > 0
     for op, (d, _) in rep.by_op.items():
         if d:
             assert f"<title>{op} \u2014 delegated: {d}</title>" in deleg
+    for runtime in ("ONNX (ONNX Runtime)", "XNNPACK (ExecuTorch)"):  # its SNR dot, with its value
+        assert re.search(f"<title>[^<]* \u2014 {re.escape(runtime)}: [^<]+ dB[^<]*</title>", parity)
 
 
 def test_export_page_without_report_and_with_failed_target(

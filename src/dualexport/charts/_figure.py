@@ -16,7 +16,7 @@ import html
 import io
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,14 +78,30 @@ class Canvas:
     key: str
     width: float
     height: float
-    tips: list[tuple[str, str]] = field(default_factory=list)
+    tips: dict[str, str] = field(default_factory=dict)
+    mark_tips: dict[str, tuple[str, ...]] = field(default_factory=dict)
     svg: str = ""
+
+    def _gid(self) -> str:
+        return f"{self.key}-{len(self.tips) + len(self.mark_tips)}"
 
     def tip(self, artist: Artist, text: str) -> None:
         """Hovering ``artist`` shows ``text`` (its value, in words)."""
-        gid = f"{self.key}-{len(self.tips)}"
+        gid = self._gid()
         artist.set_gid(gid)
-        self.tips.append((gid, text))
+        self.tips[gid] = text
+
+    def marks(
+        self, xs: Sequence[float], ys: Sequence[float], tips: Sequence[str], style: Mapping[str, Any]
+    ) -> None:
+        """One mark per point, all of one ``style``, drawn as a single artist (a curve over
+        thousands of nodes stays fast and small), each mark with its own tooltip."""
+        if not xs:
+            return
+        (line,) = self.ax.plot(list(xs), list(ys), linestyle="none", clip_on=False, **style)
+        gid = self._gid()
+        line.set_gid(gid)
+        self.mark_tips[gid] = tuple(tips)
 
     def legend(self, items: Sequence[LegendItem]) -> None:
         """The legend under the title, above the axes (``header_px`` kept room for it)."""
@@ -173,7 +189,7 @@ def chart(
         fig.text(6 / width, 1 - 17 / height, title, fontsize=TITLE_SIZE, fontweight="bold", va="baseline")
         canvas = Canvas(fig, fig.add_subplot(), key, width, height)
         yield canvas
-        canvas.svg = _to_page_svg(fig, title, width, height, canvas.tips)
+        canvas.svg = _to_page_svg(fig, title, width, height, canvas.tips, canvas.mark_tips)
 
 
 def empty_chart(title: str, message: str, width: float) -> str:
@@ -189,10 +205,17 @@ def empty_chart(title: str, message: str, width: float) -> str:
         FigureCanvasAgg(fig)
         fig.text(6 / width, 1 - 17 / height, title, fontsize=TITLE_SIZE, fontweight="bold", va="baseline")
         fig.text(6 / width, 1 - 42 / height, message, color=MUTED, va="baseline")
-        return _to_page_svg(fig, f"{title}: {message}", width, height, [])
+        return _to_page_svg(fig, f"{title}: {message}", width, height, {}, {})
 
 
-def _to_page_svg(fig: Figure, label: str, width: float, height: float, tips: list[tuple[str, str]]) -> str:
+def _to_page_svg(
+    fig: Figure,
+    label: str,
+    width: float,
+    height: float,
+    tips: Mapping[str, str],
+    mark_tips: Mapping[str, tuple[str, ...]],
+) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata=_NO_METADATA)
     text = buf.getvalue()
@@ -205,10 +228,43 @@ def _to_page_svg(fig: Figure, label: str, width: float, height: float, tips: lis
     )
     text = _ROOT.sub(lambda _: root, text, count=1)
     if tips:
-        by_gid = dict(tips)
-        text = re.sub(
-            r'<g id="(c[0-9a-f]{8}-\d+)">',
-            lambda m: f"{m.group(0)}<title>{html.escape(by_gid[m.group(1)], quote=False)}</title>",
-            text,
+        text = _GROUP.sub(
+            lambda m: m.group(0) + _title(tips[m.group(1)]) if m.group(1) in tips else m.group(0), text
         )
+    for gid, each in mark_tips.items():
+        text = _title_marks(text, gid, each)
     return text
+
+
+_GROUP = re.compile(r'<g id="(c[0-9a-f]{8}-\d+)">')
+_TAG = re.compile(r"<g\b[^>]*>|</g>|<use\b[^>]*/>")
+
+
+def _title(text: str) -> str:
+    return f"<title>{html.escape(text, quote=False)}</title>"
+
+
+def _title_marks(text: str, gid: str, tips: Sequence[str]) -> str:
+    """Give the i-th ``<use>`` (mark) inside the group ``gid`` the i-th tooltip; when the count
+    differs (a mark was not drawn) no tooltip is given rather than one on the wrong mark."""
+    start = text.find(f'<g id="{gid}">')
+    if start < 0:
+        return text
+    depth, uses = 0, []
+    for m in _TAG.finditer(text, start):
+        tag = m.group(0)
+        if tag.startswith("</g"):
+            depth -= 1
+            if depth == 0:
+                break
+        elif tag.startswith("<g"):
+            depth += 1
+        else:
+            uses.append(m)
+    if len(uses) != len(tips):
+        return text
+    parts, last = [], 0
+    for m, tip in zip(uses, tips, strict=True):
+        parts += [text[last : m.start()], m.group(0)[:-2], ">", _title(tip), "</use>"]
+        last = m.end()
+    return "".join(parts) + text[last:]

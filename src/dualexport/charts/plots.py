@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._figure import GLYPH_WIDTH, Canvas, LegendItem, chart, empty_chart, header_px, mark_style, text_px
@@ -58,12 +59,18 @@ def _cut(categories: Sequence[str], width: float, share: float) -> list[str]:
 
 
 def _category_axis(c: Canvas, categories: Sequence[str], labels: Sequence[str]) -> None:
-    """One row per category, top to bottom, each name with its whole text as tooltip."""
-    c.ax.set_yticks(range(len(categories)), labels=list(labels))
+    """One row per category, top to bottom, each name with its whole text as tooltip. The
+    names are plain texts beside the axes, not ticks: a tick is five artists, and a batch
+    page has a row per entry."""
+    from matplotlib.transforms import blended_transform_factory, offset_copy
+
+    c.ax.set_yticks([])
     c.ax.set_ylim(len(categories) - 0.5, -0.5)
-    c.ax.tick_params(axis="y", length=0)
-    for label, cat in zip(c.ax.get_yticklabels(), categories, strict=True):
-        c.tip(label, cat)
+    beside = offset_copy(
+        blended_transform_factory(c.ax.transAxes, c.ax.transData), c.fig, x=-6, units="points"
+    )
+    for i, (label, cat) in enumerate(zip(labels, categories, strict=True)):
+        c.tip(c.ax.text(0, i, label, transform=beside, ha="right", va="center"), cat)
 
 
 # ----------------------------------------------------------------------------- histogram
@@ -196,9 +203,7 @@ def bar_chart(
     height = top + 4 + row_px * len(categories) + 42
     right = 14 + max(text_px(t, SMALL_SIZE) for t in _bar_texts(len(categories), series, stacked, fmt))
     with chart(title, width, height, left=max(map(text_px, labels)) + 14, top=top + 4, right=right) as c:
-        clipped = False
-        for i, cat in enumerate(categories):
-            clipped |= _bar_row(c, i, cat, series, stacked, limit, fmt)
+        clipped = _draw_bars(c, _bar_layout(categories, series, stacked, limit, fmt), series, stacked)
         _category_axis(c, categories, labels)
         c.ax.set_xlim(0, limit)
         _ticks(c.ax, "x", ticks, fmt)
@@ -225,53 +230,90 @@ def _bar_extent(rows: int, series: Sequence[BarSeries], stacked: bool) -> float:
     return max(extents)
 
 
-def _bar_row(
-    c: Canvas, i: int, cat: str, series: Sequence[BarSeries], stacked: bool, limit: float, fmt: Formatter
-) -> bool:
-    """Draw row ``i``; True when a value did not fit the axis and was clipped to it."""
-    values = [s.at(i) for s in series]
-    if all(v is None or math.isnan(v) for v in values):
-        text = c.ax.annotate(
-            "n/a", (0, i), xytext=(4, 0), textcoords="offset points", va="center", color=MUTED
-        )
-        c.tip(text, f"{cat}: no value")
-        return False
-    n, clipped, start = len(series), False, 0.0
-    for k, (s, v) in enumerate(zip(series, values, strict=True)):
-        if v is None or math.isnan(v):
+@dataclass(frozen=True)
+class _Segment:
+    """One bar: series ``k`` on row ``row`` from ``a`` to ``b`` (clipped to the axis: ``over``)."""
+
+    k: int
+    row: int
+    a: float
+    b: float
+    v: float
+    tip: str
+    over: bool
+
+
+@dataclass(frozen=True)
+class _BarLayout:
+    segments: tuple[_Segment, ...]
+    texts: tuple[tuple[float, float, str], ...]  # (x, y, text) written after the bars
+    empty: tuple[tuple[int, str], ...]  # rows without any value: (row, category)
+
+
+def _bar_layout(
+    categories: Sequence[str], series: Sequence[BarSeries], stacked: bool, limit: float, fmt: Formatter
+) -> _BarLayout:
+    """Where each bar goes, row by row: series end to end (``stacked``) or one under another."""
+    segments, texts, empty = [], [], []
+    n = len(series)
+    for i, cat in enumerate(categories):
+        values = [s.at(i) for s in series]
+        if all(v is None or math.isnan(v) for v in values):
+            empty.append((i, cat))
             continue
-        end = start + v if stacked else v
-        over = math.isinf(v) or v < 0 or end > limit * (1 + 1e-9)
-        clipped |= over
-        tip = f"{cat} \u2014 {s.label}: {fmt(v)}" + (" (clipped to the axis)" if over else "")
-        a = min(max(start, 0.0), limit) if stacked else 0.0
-        b = min(max(end, 0.0), limit)
-        y, h = (i, 0.64) if stacked else (i - 0.4 + (k + 0.5) * 0.8 / n, 0.8 / n * 0.9)
-        if b - a > 0:
-            (rect,) = c.ax.barh(y, b - a, left=a, height=h, color=s.color, linewidth=0)
-            c.tip(rect, tip)
-        if over:
-            (mark,) = c.ax.plot(
-                [b], [y], clip_on=False, **mark_style("right" if v > 0 else "left", s.color, 7)
-            )
-            c.tip(mark, tip)
+        start = 0.0
+        for k, (s, v) in enumerate(zip(series, values, strict=True)):
+            if v is None or math.isnan(v):
+                continue
+            end = start + v if stacked else v
+            over = math.isinf(v) or v < 0 or end > limit * (1 + 1e-9)
+            tip = f"{cat} \u2014 {s.label}: {fmt(v)}" + (" (clipped to the axis)" if over else "")
+            a = min(max(start, 0.0), limit) if stacked else 0.0
+            b = min(max(end, 0.0), limit)
+            segments.append(_Segment(k, i, a, b, v, tip, over))
+            if stacked:
+                start += max(v, 0.0) if math.isfinite(v) else limit
+            else:
+                texts.append((b, _bar_y(i, k, n, stacked), fmt(v)))
         if stacked:
-            start += max(v, 0.0) if math.isfinite(v) else limit
-        else:
-            c.ax.annotate(
-                fmt(v), (b, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=SMALL_SIZE
+            texts.append((min(start, limit), float(i), " / ".join(fmt(v) for v in values if v is not None)))
+    return _BarLayout(tuple(segments), tuple(texts), tuple(empty))
+
+
+def _bar_y(row: int, k: int, n: int, stacked: bool) -> float:
+    return float(row) if stacked else row - 0.4 + (k + 0.5) * 0.8 / n
+
+
+def _draw_bars(c: Canvas, layout: _BarLayout, series: Sequence[BarSeries], stacked: bool) -> bool:
+    """Draw the layout (one bar artist per series); True when a value was clipped to the axis."""
+    from matplotlib.transforms import offset_copy
+
+    n = len(series)
+    height = 0.64 if stacked else 0.8 / n * 0.9
+    for k, s in enumerate(series):
+        drawn = [g for g in layout.segments if g.k == k and g.b - g.a > 0]
+        if drawn:
+            bars = c.ax.barh(
+                [_bar_y(g.row, k, n, stacked) for g in drawn],
+                [g.b - g.a for g in drawn],
+                left=[g.a for g in drawn],
+                height=height,
+                color=s.color,
+                linewidth=0,
             )
-    if stacked:
-        total = " / ".join(fmt(v) for v in values if v is not None)
-        c.ax.annotate(
-            total,
-            (min(start, limit), i),
-            xytext=(6, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=SMALL_SIZE,
-        )
-    return clipped
+            for rect, g in zip(bars, drawn, strict=True):
+                c.tip(rect, g.tip)
+    for g in layout.segments:
+        if g.over:
+            style = mark_style("right" if g.v > 0 else "left", series[g.k].color, 7)
+            (mark,) = c.ax.plot([g.b], [_bar_y(g.row, g.k, n, stacked)], clip_on=False, **style)
+            c.tip(mark, g.tip)
+    after = offset_copy(c.ax.transData, c.fig, x=6, units="points")
+    for x, y, text in layout.texts:
+        c.ax.text(x, y, text, transform=after, va="center", fontsize=SMALL_SIZE)
+    for row, cat in layout.empty:
+        c.tip(c.ax.text(0, row, "n/a", transform=after, va="center", color=MUTED), f"{cat}: no value")
+    return any(g.over for g in layout.segments)
 
 
 # ----------------------------------------------------------------------------- line over named points
@@ -332,20 +374,26 @@ def line_chart(
 
 
 def _line(c: Canvas, s: LineSeries, order: dict[str, int], floor: float, top: float) -> None:
-    xs, ys = [], []
-    for name, v in s.points:
-        x = order[name]
-        if math.isfinite(v):
-            y = max(v, floor)
-            note = f" (drawn at the floor {floor:g})" if v < floor else ""
-            (dot,) = c.ax.plot([x], [y], **mark_style("circle", s.color, 5))
-        else:
-            y, note = top, ""
-            (dot,) = c.ax.plot([x], [y], clip_on=False, **mark_style("up", s.color, 7))
-        c.tip(dot, f"{s.label}: {name}: {format_number(v)}{note}")
-        xs.append(x)
-        ys.append(y)
+    """The series' line through every point; a dot per finite point (at the floor when below
+    it), a triangle on the top edge per non-finite one."""
+    xs = [order[name] for name, _ in s.points]
+    ys = [max(v, floor) if math.isfinite(v) else top for _, v in s.points]
     c.ax.plot(xs, ys, color=s.color, linewidth=1.5, clip_on=False)
+    finite = [(x, y, name, v) for x, y, (name, v) in zip(xs, ys, s.points, strict=True) if math.isfinite(v)]
+    c.marks(
+        [x for x, _, _, _ in finite],
+        [y for _, y, _, _ in finite],
+        [
+            f"{s.label}: {name}: {format_number(v)}"
+            + (f" (drawn at the floor {floor:g})" if v < floor else "")
+            for _, _, name, v in finite
+        ],
+        mark_style("circle", s.color, 5),
+    )
+    for x, (name, v) in zip(xs, s.points, strict=True):
+        if not math.isfinite(v):
+            (mark,) = c.ax.plot([x], [top], clip_on=False, **mark_style("up", s.color, 7))
+            c.tip(mark, f"{s.label}: {name}: {format_number(v)}")
 
 
 def _line_marks(c: Canvas, marks: Sequence[LineMark], order: dict[str, int]) -> None:
@@ -416,8 +464,9 @@ def dot_plot(
     height = top + row_px * len(categories) + 42
     right = 10 + text_px(fmt(ticks[-1])) / 2
     with chart(title, width, height, left=max(map(text_px, labels)) + 14, top=top, right=right) as c:
-        for i, cat in enumerate(categories):
-            _dot_row(c, i, cat, series, lo, hi, fmt, row_px)
+        c.ax.hlines(range(len(categories)), lo, hi, color=ROW_RULE, linewidth=1, zorder=0)
+        for k, s in enumerate(series):
+            _dots(c, s, categories, (k - (len(series) - 1) / 2) * 7 / row_px, lo, hi, fmt)
         _category_axis(c, categories, labels)
         c.ax.set_xlim(lo, hi)
         _ticks(c.ax, "x", ticks, fmt)
@@ -427,33 +476,39 @@ def dot_plot(
     return c.svg
 
 
-def _dot_row(
+def _dots(
     c: Canvas,
-    i: int,
-    cat: str,
-    series: Sequence[DotSeries],
+    s: DotSeries,
+    categories: Sequence[str],
+    offset: float,
     lo: float,
     hi: float,
     fmt: Formatter,
-    row_px: float,
 ) -> None:
-    c.ax.axhline(i, color=ROW_RULE, linewidth=1, zorder=0)
-    n = len(series)
-    for k, s in enumerate(series):
+    """The series' dot on each row (shifted by ``offset`` rows); nan as a ring on the left
+    edge, a value beyond the axis as a triangle on that edge."""
+    inside: list[tuple[float, float, str]] = []
+    for i, cat in enumerate(categories):
         v = s.at(i)
         if v is None:
             continue
-        y = i + (k - (n - 1) / 2) * 7 / row_px
-        tip = f"{cat} \u2014 {s.label}: {fmt(v)}"
+        y, tip = i + offset, f"{cat} \u2014 {s.label}: {fmt(v)}"
+        if lo <= v <= hi:
+            inside.append((v, y, tip))
+            continue
         if math.isnan(v):
             x, style, tip = lo, mark_style("ring", s.color), tip + " (not a number)"
-        elif v > hi or v < lo:
+        else:
             x, style, tip = (
                 min(max(v, lo), hi),
                 mark_style("right" if v > hi else "left", s.color),
                 tip + " (clipped)",
             )
-        else:
-            x, style = v, mark_style("circle", s.color, 8)
         (dot,) = c.ax.plot([x], [y], clip_on=False, **style)
         c.tip(dot, tip)
+    c.marks(
+        [x for x, _, _ in inside],
+        [y for _, y, _ in inside],
+        [t for _, _, t in inside],
+        mark_style("circle", s.color, 8),
+    )
