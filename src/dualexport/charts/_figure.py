@@ -163,7 +163,8 @@ def _key(title: str, width: float, height: float) -> str:
 
 
 def _style(key: str) -> dict[Any, Any]:
-    """The project's settings, hashing this chart's ids with its own salt (unique on a page)."""
+    """The project's settings, and this chart's own salt for the ids matplotlib hashes (fixed:
+    the same chart gives the same bytes; its own: two charts on a page share no id)."""
     return {**MPL_STYLE, "svg.hashsalt": key}
 
 

@@ -20,7 +20,6 @@ from .values import BarSeries, DotSeries, HistogramSeries, LineMark, LineSeries,
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.ticker import Locator
 
 __all__ = ["histogram", "bar_chart", "line_chart", "dot_plot"]
 
@@ -159,15 +158,9 @@ def _count_axis(ax: Axes, top: float, label: str, log_counts: bool) -> None:
         ticks.append(top)
     ax.set_ylim(0, top)
     _ticks(ax, "y", ticks, format_number)
-    ax.yaxis.set_minor_locator(_no_ticks())
+    ax.yaxis.minorticks_off()
     ax.set_ylabel(label + " (log scale)")
     ax.grid(axis="y")
-
-
-def _no_ticks() -> Locator:
-    from matplotlib.ticker import NullLocator
-
-    return NullLocator()
 
 
 # ----------------------------------------------------------------------------- horizontal bars
@@ -360,7 +353,7 @@ def line_chart(
             c.ax.set_yscale("log")
             decades = list(range(k_lo, k_hi + 1, step))
             c.ax.set_yticks([10.0**k for k in decades], labels=[f"1e{k}" for k in decades])
-            c.ax.yaxis.set_minor_locator(_no_ticks())
+            c.ax.yaxis.minorticks_off()
         else:
             _ticks(c.ax, "y", span, format_number)
         c.ax.set_ylim(lo, hi)

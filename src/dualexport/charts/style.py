@@ -82,18 +82,14 @@ MPL_STYLE: Mapping[str, Any] = MappingProxyType(
         "text.color": INK,
         # labels are model and node names: a "$" is a character, not the start of TeX
         "text.parse_math": False,
-        # the same report gives the same bytes: ids hashed from a fixed salt, no date (see _figure)
-        "svg.hashsalt": "dualexport",
         "figure.dpi": 72,
         "savefig.dpi": 72,
         "figure.facecolor": "#ffffff",
         "axes.edgecolor": AXIS,
         "axes.labelcolor": INK,
-        "axes.labelsize": FONT_SIZE,
         "axes.spines.top": False,
         "axes.spines.right": False,
         "axes.axisbelow": True,
-        "axes.grid": False,
         "grid.color": GRID,
         "grid.linewidth": 1.0,
         "xtick.color": AXIS,
@@ -107,10 +103,5 @@ MPL_STYLE: Mapping[str, Any] = MappingProxyType(
         "legend.handlelength": 1.0,
         "legend.handleheight": 1.0,
         "legend.columnspacing": 1.2,
-        "legend.borderaxespad": 0.2,
-        "figure.titlesize": TITLE_SIZE,
-        "figure.titleweight": "bold",
-        "figure.constrained_layout.h_pad": 0.06,
-        "figure.constrained_layout.w_pad": 0.06,
     }
 )
