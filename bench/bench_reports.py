@@ -5,7 +5,8 @@ The inputs are fixed: TinyConvNet seeded, exported once to a temporary folder, c
 second time after one BatchNorm weight in the ONNX file is shifted, so the ONNX runtime diverges and
 the pages draw the per-node error curve), and a 12-entry batch record built in code. The first
 render of each page is reported apart ("cold": it pays the lazy imports, e.g. matplotlib), then
-min/median/max over N renders.
+min/median/max wall time over N renders and the mean CPU time of this process per render (the
+steadier figure on shared cores).
 
 Usage: python bench/bench_reports.py [-n N] [--out DIR]  (``--out`` keeps the pages, to compare
 sizes or look at them). The code that renders is whatever ``dualexport`` imports: to compare two
@@ -160,10 +161,13 @@ def main() -> None:
             cold = time.perf_counter() - t
             again = render()
             same = "same bytes" if again == text else "DIFFERENT bytes on a second render"
+            cpu = time.process_time()
             warm = samples(render, ns.n)
+            cpu = (time.process_time() - cpu) / ns.n  # this process's CPU: less noisy on shared cores
             size = len(text.encode())
             print(
-                f"{name:28s} {size / 1000:8.1f} KB  cold {cold * 1e3:7.1f} ms  x{ns.n}: {fmt(warm)}  ({same})"
+                f"{name:26s} {size / 1000:6.1f} KB  cold {cold * 1e3:7.1f} ms  x{ns.n}: {fmt(warm)}, "
+                f"CPU {cpu * 1e3:.1f} ms/render  ({same})"
             )
             if ns.out is not None:
                 ns.out.mkdir(parents=True, exist_ok=True)
