@@ -27,6 +27,7 @@ from dualexport.charts import (
     BarSeries,
     DotSeries,
     HistogramSeries,
+    LineMark,
     LineSeries,
     bar_chart,
     dot_plot,
@@ -35,6 +36,7 @@ from dualexport.charts import (
 )
 from dualexport.errors import XnnpackLoweringError
 from dualexport.fleet.record import BatchRecord, EntryRecord, FileRecord, ParitySummary, TargetRecord
+from dualexport.parity.html import render_html
 from dualexport.parity.report import ParityReport
 from dualexport.reporting import render_batch_page, render_export_page, write_batch_page, write_export_page
 from models import ConvBN
@@ -118,11 +120,21 @@ def test_export_page_holds_every_section(exported: tuple[ExportResult, ParityRep
         assert f"<td>{phase}</td>" in timings
     versions = _section(text, "Versions")
     assert "torch" in versions and "executorch" in versions and "onnxruntime" in versions
-    # every chart is accessible and every mark has a tooltip
-    for svg in re.findall(r"<svg.*?</svg>", text, flags=re.S):
-        assert 'role="img"' in svg and "aria-label=" in svg
-        for mark in re.findall(r"<(rect|circle|polygon)\b[^>]*?(/?)>", svg):
-            assert mark[1] == "", f"a {mark[0]} without a <title> tooltip"
+    # every chart is accessible, and its marks carry their values as tooltips
+    svgs = re.findall(r"<svg.*?</svg>", text, flags=re.S)
+    assert len(svgs) == 2 + len(good.outputs)  # delegation bars, SNR dots, a histogram per output
+    for svg in svgs:
+        assert re.match(r'<svg class="chart" [^>]*role="img" aria-label="[^"]+"><title>[^<]+</title>', svg)
+        # a mark drawn alone has its <title> first in its group; marks drawn as one artist
+        # (the SNR dots) have one per <use>
+        alone = re.findall(r'<g id="c[0-9a-f]{8}-\d+"><title>[^<]+</title>', svg)
+        together = re.findall(r"<use [^>]*><title>[^<]+</title></use>", svg)
+        assert len(alone) + len(together) > 0
+    for op, (d, _) in rep.by_op.items():
+        if d:
+            assert f"<title>{op} \u2014 delegated: {d}</title>" in deleg
+    for runtime in ("ONNX (ONNX Runtime)", "XNNPACK (ExecuTorch)"):  # its SNR dot, with its value
+        assert re.search(f"<title>[^<]* \u2014 {re.escape(runtime)}: [^<]+ dB[^<]*</title>", parity)
 
 
 def test_export_page_without_report_and_with_failed_target(
@@ -131,17 +143,7 @@ def test_export_page_without_report_and_with_failed_target(
     res, _, _ = exported
     text = render_export_page(res)
     assert "not checked" in text and "(parity not checked)" in text and "<script" not in text
-    err = XnnpackLoweringError("lowering failed <on purpose>", target="xnnpack", hint="try & see")
-    failed = ExportResult(
-        res.program,
-        {"onnx": res.artifacts["onnx"]},
-        {"xnnpack": err},
-        res.manifest,
-        res.out_dir,
-        res.name,
-        res.seconds,
-    )
-    text = render_export_page(failed)
+    text = render_export_page(_failed(res))
     assert "<span class='pill bad'>FAIL</span>" in text
     errors = _section(text, "Errors")
     assert "XnnpackLoweringError" in errors and "&lt;on purpose&gt;" in errors and "try &amp; see" in errors
@@ -164,6 +166,125 @@ def test_export_page_with_divergence_renders(
     assert count_color(png, hex_rgb(ONNX_COLOR)) > 200  # histogram bars, SNR dot, error curve
     assert count_color(png, hex_rgb(XNNPACK_COLOR)) > 200  # histogram bars, SNR dot
     assert count_color(png, hex_rgb(DELEGATED_COLOR)) > 200  # delegated nodes per op
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Heading text (markup removed) -> the HTML from that <h1>..<h3> to the next one."""
+    marks = list(re.finditer(r"<h([1-3])>(.*?)</h\1>", text, flags=re.S))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return {
+        re.sub(r"<[^>]+>", "", m.group(2)).strip(): text[m.start() : end]
+        for m, end in zip(marks, ends, strict=True)
+    }
+
+
+def _chart_titles(text: str) -> list[str]:
+    return re.findall(r'<svg class="chart" [^>]*aria-label="([^"]*)"', text)
+
+
+def test_every_page_shows_its_sections_and_charts(
+    exported: tuple[ExportResult, ParityReport, ParityReport],
+) -> None:
+    """Each page (export, parity, batch) has every section title it had before the pages moved
+    to templates, and each of its charts: the charts a section draws sit inside that section."""
+    res, _, bad = exported
+    pages = {
+        "export": (
+            render_export_page(res, bad, seconds={"verify": 1.0}),
+            {
+                "Targets": [],
+                "Files": [],
+                "Delegation: XNNPACK (ExecuTorch)": ["Nodes per op: delegated vs not delegated"],
+                "Weights": [],
+                "Parity vs eager: FAIL": [],
+                "Error distribution": ["Signal-to-noise ratio vs eager", "error per element vs eager"],
+                "Per-layer error and first divergence": ["Max |error| per node of the shared program"],
+                "Timings": [],
+                "Versions": [],
+            },
+        ),
+        "parity": (
+            render_html(bad),
+            {
+                "Parity vs eager: FAIL": [],
+                "Error distribution": ["Signal-to-noise ratio vs eager", "error per element vs eager"],
+                "Per-layer error and first divergence": ["Max |error| per node of the shared program"],
+            },
+        ),
+        "batch": (
+            render_batch_page(_batch(_DIFF)),
+            {
+                "Changes since runs/previous/batch.json": [],
+                "Entries": [],
+                "Across the batch": ["share of nodes delegated, per entry", "Parity per entry: SNR"],
+                "Versions": [],
+            },
+        ),
+    }
+    for name, (text, expected) in pages.items():
+        sections = _sections(text)
+        assert next(iter(sections)).startswith("dualexport"), name
+        assert _chart_titles(text), f"the {name} page has no chart"
+        for heading, charts in expected.items():
+            assert heading in sections, f"{name} page: no section {heading!r} in {list(sections)}"
+            for chart in charts:
+                drawn = _chart_titles(sections[heading])
+                assert any(chart in t for t in drawn), f"{name}: {chart!r} not under {heading!r}: {drawn}"
+        # self-contained: nothing fetched from anywhere
+        assert not re.search(r"(src|href)=['\"]?(https?:|//)|url\((?!#)|@import|<link", text), name
+    assert "Errors" in _sections(render_export_page(_failed(res)))
+
+
+def _failed(res: ExportResult) -> ExportResult:
+    """``res`` as if XNNPACK had failed to lower."""
+    err = XnnpackLoweringError("lowering failed <on purpose>", target="xnnpack", hint="try & see")
+    return ExportResult(
+        res.program,
+        {"onnx": res.artifacts["onnx"]},
+        {"xnnpack": err},
+        res.manifest,
+        res.out_dir,
+        res.name,
+        res.seconds,
+    )
+
+
+_DRAW_ELSEWHERE = """
+import sys, dualexport, dualexport.charts, dualexport.pages
+light = not any(m in sys.modules for m in ("matplotlib", "jinja2", "torch"))
+import matplotlib
+def stored():  # the values as stored: reading "backend" the usual way would resolve (and set) it
+    return {k: dict.__getitem__(matplotlib.rcParams, k) for k in dict.keys(matplotlib.rcParams)}
+before = stored()
+from dualexport.charts import LineMark, LineSeries, line_chart
+svg = line_chart([LineSeries("a", "#1f77b4", (("x", 1e-3), ("y", 0.5)))], title="t", x_label="x",
+                 y_label="y", marks=[LineMark("y", "here")])
+print(light, "matplotlib.pyplot" not in sys.modules, stored() == before)
+sys.stdout.write(svg)
+"""
+
+
+def test_charts_are_deterministic_and_leave_matplotlib_alone() -> None:
+    """The same chart gives the same bytes in another process (ids hashed from a fixed salt, no
+    date); ``import dualexport`` loads neither matplotlib nor Jinja2; drawing neither imports
+    pyplot nor changes the user's rcParams (the backend among them)."""
+    import subprocess
+    import sys
+
+    here = line_chart(
+        [LineSeries("a", "#1f77b4", (("x", 1e-3), ("y", 0.5)))],
+        title="t",
+        x_label="x",
+        y_label="y",
+        marks=[LineMark("y", "here")],
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _DRAW_ELSEWHERE], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    flags, there = out.split("\n", 1)
+    assert flags.split() == ["True", "True", "True"], "light import, no pyplot, rcParams kept: " + flags
+    assert there == here
+    assert "<metadata" not in here and "Date" not in here
 
 
 # ----------------------------------------------------------------------------- batch page

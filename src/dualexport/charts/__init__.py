@@ -1,9 +1,13 @@
-"""Inline SVG plots for the self-contained HTML reports (stdlib only: imports nothing of
-dualexport, so every layer may draw with it)."""
+"""Charts for the self-contained HTML pages, drawn with matplotlib and returned as inline SVG.
+
+Imports nothing of dualexport, so every layer may draw with it; matplotlib itself is imported
+only when a chart is drawn (``import dualexport`` stays light).
+"""
 
 from __future__ import annotations
 
-from .palette import (
+from .plots import bar_chart, dot_plot, histogram, line_chart
+from .style import (
     DELEGATED_COLOR,
     FALLBACK_COLOR,
     NOT_DELEGATED_COLOR,
@@ -14,19 +18,7 @@ from .palette import (
     runtime_color,
     runtime_label,
 )
-from .svg import (
-    BarSeries,
-    DotSeries,
-    HistogramSeries,
-    LineMark,
-    LineSeries,
-    bar_chart,
-    dot_plot,
-    format_number,
-    histogram,
-    line_chart,
-    nice_ticks,
-)
+from .values import BarSeries, DotSeries, HistogramSeries, LineMark, LineSeries, format_number
 
 __all__ = [
     # plots
@@ -40,8 +32,7 @@ __all__ = [
     "LineSeries",
     "LineMark",
     "DotSeries",
-    # axis helpers
-    "nice_ticks",
+    # how a number reads
     "format_number",
     # colours and names
     "ONNX_COLOR",

@@ -4,11 +4,14 @@ Why it reads the record structurally (the ``*Like`` protocols) instead of import
 ``dualexport.fleet``: the fleet sits above the reports in the import layers, and it is the fleet
 that calls this page. Why the table is pre-sorted and the script optional: the page must read the
 same with scripts off (failures and regressions on top); the small inline script only re-sorts
-rows by a clicked header, using each cell's ``data-sort``, and loads nothing.
+rows by a clicked header, using each cell's ``data-sort``, and loads nothing. This module turns
+the record into frozen rows and cells (``BatchPage``); the template ``batch.html`` lays them out.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import pathlib
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -27,9 +30,17 @@ from ..charts import (
     runtime_label,
 )
 from ..outputs import atomic_write_text
-from ._html import esc, fmt_value, page, pill, sort_key_number, versions_table
+from ..pages import Badge, render
 
-__all__ = ["render_batch_page", "write_batch_page", "BatchLike", "EntryLike", "TargetLike"]
+__all__ = [
+    "render_batch_page",
+    "write_batch_page",
+    "batch_page",
+    "BatchPage",
+    "BatchLike",
+    "EntryLike",
+    "TargetLike",
+]
 
 #: entry statuses best first, as ``dualexport.fleet.record.STATUSES`` (an unknown one sorts last)
 _STATUS_ORDER = ("passed", "check_failed", "failed", "error", "timeout", "killed", "invalid")
@@ -135,35 +146,131 @@ class BatchLike(Protocol):
     def counts(self) -> dict[str, int]: ...
 
 
-# ----------------------------------------------------------------------------- table columns
+# ----------------------------------------------------------------------------- the page's records
 @dataclass(frozen=True)
-class _Cell:
-    html: str
-    sort: str
-    cls: str = ""
+class Note:
+    """Small text after a cell's value (e.g. "line 3")."""
+
+    text: str
     title: str = ""
 
-    def td(self) -> str:
-        cls = f" class='{self.cls}'" if self.cls else ""
-        tip = f" title='{esc(self.title)}'" if self.title else ""
-        return f"<td data-sort='{esc(self.sort)}'{cls}{tip}>{self.html}</td>"
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: badges, then its text (a link with ``href``), then notes. ``sort``: the
+    key the header sort reads (numbers as JavaScript's parseFloat reads them)."""
+
+    text: str = ""
+    sort: str = ""
+    cls: str = ""
+    title: str = ""
+    href: str = ""
+    badges: tuple[Badge, ...] = ()
+    notes: tuple[Note, ...] = ()
 
 
 @dataclass(frozen=True)
-class _Column:
+class Column:
     group: str | None  # a header over several columns (a target); None: the column stands alone
     header: str
-    cell: Callable[[EntryLike], _Cell]
+    cell: Callable[[EntryLike], Cell]
     tip: str = ""
     color: str = ""
 
 
+@dataclass(frozen=True)
+class HeaderCell:
+    """A header cell: ``col`` is the column it sorts (None for a group over several columns)."""
+
+    text: str
+    col: int | None
+    span: int = 1
+    tip: str = ""
+    color: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    cells: tuple[Cell, ...]
+    regressed: bool
+
+
+@dataclass(frozen=True)
+class Summary:
+    entries: int
+    counts: tuple[Badge, ...]
+    manifest: str
+    manifest_sha256: str
+    engine: str
+    workers: int
+    memory_budget: str
+    started: str
+    seconds: float
+    throughput: str
+
+
+@dataclass(frozen=True)
+class ChangeRow:
+    name: str
+    kind: Badge
+    field: str
+    before: str
+    after: str
+    before_full: str
+    after_full: str
+
+
+@dataclass(frozen=True)
+class Changes:
+    against: str
+    rows: tuple[ChangeRow, ...]
+
+
+@dataclass(frozen=True)
+class BatchPage:
+    verdict: Badge
+    summary: Summary
+    changes: Changes | None
+    header_top: tuple[HeaderCell, ...]
+    header_bottom: tuple[HeaderCell, ...]
+    rows: tuple[Row, ...]
+    charts: tuple[str, ...]
+    versions: tuple[tuple[str, str], ...]
+
+
+# ----------------------------------------------------------------------------- cells
 def _status_rank(status: str) -> int:
     return _STATUS_ORDER.index(status) if status in _STATUS_ORDER else len(_STATUS_ORDER)
 
 
-def _num_cell(v: float | None, text: str | None = None, cls: str = "num") -> _Cell:
-    return _Cell(esc(text if text is not None else format_number(v)), sort_key_number(v), cls)
+def _sort_key(v: float | None) -> str:
+    """A ``data-sort`` value JavaScript's parseFloat reads (inf included); '' for no value."""
+    if v is None or math.isnan(v):
+        return ""
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return repr(float(v))
+
+
+def _short(v: Any, limit: int = 80) -> str:
+    """A diff's before/after value as short text (numbers short, containers as JSON)."""
+    if v is None:
+        return "\u2014"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return format_number(v)
+    text = v if isinstance(v, str) else json.dumps(v, default=str, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def _num_cell(v: float | None, text: str | None = None, cls: str = "num") -> Cell:
+    return Cell(text if text is not None else format_number(v), _sort_key(v), cls)
+
+
+_NONE = _num_cell(None, "\u2014")
 
 
 def _targets_of(entries: Sequence[EntryLike]) -> list[str]:
@@ -171,192 +278,188 @@ def _targets_of(entries: Sequence[EntryLike]) -> list[str]:
     return [t for t in _TARGET_ORDER if t in names] + sorted(names - set(_TARGET_ORDER))
 
 
-def _export_cell(t: str) -> Callable[[EntryLike], _Cell]:
-    def cell(e: EntryLike) -> _Cell:
+def _export_cell(t: str) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
         r = e.targets.get(t)
         if r is None:
-            return _Cell("<span class='small'>\u2014</span>", "")
+            return Cell("", "", notes=(Note("\u2014"),))
         if r.ok:
             how = r.outcome or "exported"
-            return _Cell(pill("pass", "\u2713 " + how), f"0 {how}", title=f"{format_number(r.seconds, 3)} s")
+            return Cell(
+                sort=f"0 {how}",
+                title=f"{format_number(r.seconds, 3)} s",
+                badges=(Badge("pass", "\u2713 " + how),),
+            )
         kind = r.error_type or "failed"
-        return _Cell(pill("fail", "\u2717 " + kind), f"1 {kind}", title=r.error or kind)
+        return Cell(sort=f"1 {kind}", title=r.error or kind, badges=(Badge("fail", "\u2717 " + kind),))
 
     return cell
 
 
-def _size_cell(t: str) -> Callable[[EntryLike], _Cell]:
-    def cell(e: EntryLike) -> _Cell:
+def _size_cell(t: str) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
         r = e.targets.get(t)
         if r is None or not r.files:
-            return _num_cell(None, "\u2014")
+            return _NONE
         n = sum(f.bytes for f in r.files)
-        return _Cell(f"{n / 1e6:.2f}", str(n), "num", f"{n} bytes in {len(r.files)} file(s)")
+        return Cell(f"{n / 1e6:.2f}", str(n), "num", f"{n} bytes in {len(r.files)} file(s)")
 
     return cell
 
 
-def _share_cell(t: str) -> Callable[[EntryLike], _Cell]:
-    def cell(e: EntryLike) -> _Cell:
+def _share_cell(t: str) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
         r = e.targets.get(t)
         share = None if r is None else r.delegated_share
         if share is None:
-            return _num_cell(None, "\u2014")
-        return _Cell(f"{100 * share:.1f}", sort_key_number(share), "num" + ("" if share >= 1 else " warn"))
+            return _NONE
+        return Cell(f"{100 * share:.1f}", _sort_key(share), "num" + ("" if share >= 1 else " warn"))
 
     return cell
 
 
-def _subgraphs_cell(t: str) -> Callable[[EntryLike], _Cell]:
-    def cell(e: EntryLike) -> _Cell:
+def _subgraphs_cell(t: str) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
         r = e.targets.get(t)
         n = None if r is None else r.subgraphs
-        return _num_cell(None if n is None else float(n), "\u2014" if n is None else str(n))
+        return _NONE if n is None else _num_cell(float(n), str(n))
 
     return cell
 
 
-def _parity_cell(t: str, what: str) -> Callable[[EntryLike], _Cell]:
-    def cell(e: EntryLike) -> _Cell:
+def _parity_cell(t: str, what: str) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
         r = e.targets.get(t)
         p = None if r is None else r.parity
         if p is None:
-            return _num_cell(None, "\u2014")
+            return _NONE
         v = p.snr_db if what == "snr" else p.max_abs
         tip = (
             f"{'ok' if p.ok else 'out of tolerance'}: SNR {format_number(p.snr_db, 4)} dB, max_abs "
             f"{format_number(p.max_abs)}, cosine {format_number(p.cosine, 6)}, mismatch {p.mismatch_pct:.2f}%"
         )
         text = format_number(v, 4 if what == "snr" else 3) + ("" if p.ok else " \u2717")
-        return _Cell(esc(text), sort_key_number(v), "num " + ("good" if p.ok else "bad"), tip)
+        return Cell(text, _sort_key(v), "num " + ("good" if p.ok else "bad"), tip)
 
     return cell
 
 
-def _columns(
-    entries: Sequence[EntryLike], regressed: set[str], out_dir: pathlib.Path | None
-) -> list[_Column]:
-    def name(e: EntryLike) -> _Cell:
-        text = esc(e.name)
+def _name_cell(out_dir: pathlib.Path | None) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
+        notes, href = [], ""
         if e.report:
-            missing = out_dir is not None and not (out_dir / e.report).is_file()
-            if missing:
-                text += " <small>(report missing)</small>"
+            if out_dir is not None and not (out_dir / e.report).is_file():
+                notes.append(Note("(report missing)"))
             else:
-                text = f"<a href='{esc(urllib.parse.quote(e.report))}'>{text}</a>"
+                href = urllib.parse.quote(e.report)
         if e.line is not None:
-            text += f" <small>line {e.line}</small>"
-        return _Cell(text, e.name.lower())
+            notes.append(Note(f"line {e.line}"))
+        return Cell(e.name, e.name.lower(), href=href, notes=tuple(notes))
 
-    def status(e: EntryLike) -> _Cell:
-        text = pill(e.status)
-        if e.name in regressed:
-            text += " " + pill("regression")
-        if e.vacuous:
-            text += " <small title='no output to compare'>vacuous</small>"
-        return _Cell(text, f"{_status_rank(e.status)}{0 if e.name in regressed else 1}")
+    return cell
 
-    def seconds(e: EntryLike) -> _Cell:
-        v = e.phases.get("export", e.seconds)
-        tip = ", ".join(f"{k} {x:.2f} s" for k, x in e.phases.items()) + f"; entry total {e.seconds:.2f} s"
-        return _Cell(f"{v:.1f}", sort_key_number(v), "num", tip)
 
-    def rss(e: EntryLike) -> _Cell:
-        tip = f"admission estimate {format_number(e.estimate_mb)} MB" if e.estimate_mb is not None else ""
-        v = e.peak_rss_mb
-        return _Cell("\u2014" if v is None else f"{v:.0f}", sort_key_number(v), "num", tip)
+def _status_cell(regressed: set[str]) -> Callable[[EntryLike], Cell]:
+    def cell(e: EntryLike) -> Cell:
+        badges = (Badge(e.status), Badge("regression")) if e.name in regressed else (Badge(e.status),)
+        notes = (Note("vacuous", "no output to compare"),) if e.vacuous else ()
+        return Cell(
+            sort=f"{_status_rank(e.status)}{0 if e.name in regressed else 1}", badges=badges, notes=notes
+        )
 
-    def attempts(e: EntryLike) -> _Cell:
-        return _Cell(str(e.attempts), str(e.attempts), "num" + (" warn" if e.attempts > 1 else ""))
+    return cell
 
-    def reason(e: EntryLike) -> _Cell:
-        text = e.reason or ""
-        if not text:
-            return _Cell("", "")
-        short = text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "\u2026"
-        return _Cell(esc(short), text.lower(), "reason", text)
 
-    cols = [_Column(None, "entry", name), _Column(None, "status", status, "worst first")]
+def _seconds_cell(e: EntryLike) -> Cell:
+    v = e.phases.get("export", e.seconds)
+    tip = ", ".join(f"{k} {x:.2f} s" for k, x in e.phases.items()) + f"; entry total {e.seconds:.2f} s"
+    return Cell(f"{v:.1f}", _sort_key(v), "num", tip)
+
+
+def _rss_cell(e: EntryLike) -> Cell:
+    tip = f"admission estimate {format_number(e.estimate_mb)} MB" if e.estimate_mb is not None else ""
+    v = e.peak_rss_mb
+    return Cell("\u2014" if v is None else f"{v:.0f}", _sort_key(v), "num", tip)
+
+
+def _attempts_cell(e: EntryLike) -> Cell:
+    return Cell(str(e.attempts), str(e.attempts), "num" + (" warn" if e.attempts > 1 else ""))
+
+
+def _reason_cell(e: EntryLike) -> Cell:
+    text = e.reason or ""
+    if not text:
+        return Cell()
+    short = text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 1] + "\u2026"
+    return Cell(short, text.lower(), "reason", text)
+
+
+# ----------------------------------------------------------------------------- the table
+def _columns(entries: Sequence[EntryLike], regressed: set[str], out_dir: pathlib.Path | None) -> list[Column]:
+    cols = [
+        Column(None, "entry", _name_cell(out_dir)),
+        Column(None, "status", _status_cell(regressed), "worst first"),
+    ]
     for t in _targets_of(entries):
         group, color = runtime_label(t), runtime_color(t)
         cols.append(
-            _Column(group, "export", _export_cell(t), "lowered, reused or patched; or why it failed", color)
+            Column(group, "export", _export_cell(t), "lowered, reused or patched; or why it failed", color)
         )
-        cols.append(_Column(group, "MB", _size_cell(t), "size of the target's files", color))
+        cols.append(Column(group, "MB", _size_cell(t), "size of the target's files", color))
         if any((r := e.targets.get(t)) is not None and r.delegated_share is not None for e in entries):
-            cols.append(_Column(group, "delegated %", _share_cell(t), "share of nodes delegated", color))
-            cols.append(_Column(group, "subgraphs", _subgraphs_cell(t), "delegated subgraphs", color))
+            cols.append(Column(group, "delegated %", _share_cell(t), "share of nodes delegated", color))
+            cols.append(Column(group, "subgraphs", _subgraphs_cell(t), "delegated subgraphs", color))
         if any((r := e.targets.get(t)) is not None and r.parity is not None for e in entries):
-            cols.append(_Column(group, "SNR dB", _parity_cell(t, "snr"), "worst output vs eager", color))
+            cols.append(Column(group, "SNR dB", _parity_cell(t, "snr"), "worst output vs eager", color))
             cols.append(
-                _Column(group, "max |err|", _parity_cell(t, "max_abs"), "worst output vs eager", color)
+                Column(group, "max |err|", _parity_cell(t, "max_abs"), "worst output vs eager", color)
             )
-    cols.append(_Column(None, "export s", seconds, "export phase (tooltip: every phase)"))
-    cols.append(_Column(None, "peak RSS MB", rss, "the worker's peak resident memory"))
-    cols.append(_Column(None, "attempts", attempts))
-    cols.append(_Column(None, "reason", reason, "why the entry did not pass"))
+    cols.append(Column(None, "export s", _seconds_cell, "export phase (tooltip: every phase)"))
+    cols.append(Column(None, "peak RSS MB", _rss_cell, "the worker's peak resident memory"))
+    cols.append(Column(None, "attempts", _attempts_cell))
+    cols.append(Column(None, "reason", _reason_cell, "why the entry did not pass"))
     return cols
 
 
-def _table(entries: Sequence[EntryLike], cols: list[_Column], regressed: set[str]) -> str:
-    top, bottom = [], []
+def _headers(cols: Sequence[Column]) -> tuple[tuple[HeaderCell, ...], tuple[HeaderCell, ...]]:
+    """Two header rows: a column that stands alone spans both; a target's columns sit under
+    one group cell ruled in the target's colour."""
+    top: list[HeaderCell] = []
+    bottom: list[HeaderCell] = []
     i = 0
     while i < len(cols):
         c = cols[i]
         if c.group is None:
-            top.append(f"<th rowspan='2' data-col='{i}' title='{esc(c.tip)}'>{esc(c.header)}</th>")
+            top.append(HeaderCell(c.header, i, tip=c.tip))
             i += 1
             continue
         j = i
         while j < len(cols) and cols[j].group == c.group:
-            bottom.append(f"<th data-col='{j}' title='{esc(cols[j].tip)}'>{esc(cols[j].header)}</th>")
+            bottom.append(HeaderCell(cols[j].header, j, tip=cols[j].tip))
             j += 1
-        top.append(f"<th colspan='{j - i}' style='border-top:4px solid {esc(c.color)}'>{esc(c.group)}</th>")
+        top.append(HeaderCell(c.group, None, span=j - i, color=c.color))
         i = j
-    rows = []
-    for e in entries:
-        cls = " class='regressed'" if e.name in regressed else ""
-        rows.append(f"<tr{cls}>" + "".join(c.cell(e).td() for c in cols) + "</tr>")
-    return (
-        "<div class='scroll'><table id='entries'><thead><tr>"
-        + "".join(top)
-        + "</tr><tr>"
-        + "".join(bottom)
-        + "</tr></thead><tbody>\n"
-        + "\n".join(rows)
-        + "\n</tbody></table></div>"
-    )
+    return tuple(top), tuple(bottom)
 
 
 # ----------------------------------------------------------------------------- sections
-def _summary(batch: BatchLike) -> list[str]:
+def _summary(batch: BatchLike) -> Summary:
     n = len(batch.entries)
-    verdict = "PASS" if batch.ok else "FAIL"
-    counts = (
-        " ".join(pill(s, f"{s} {k}") for s, k in batch.counts().items()) or "<span class='small'>none</span>"
+    return Summary(
+        entries=n,
+        counts=tuple(Badge(s, f"{s} {k}") for s, k in batch.counts().items()),
+        manifest=batch.manifest,
+        manifest_sha256=batch.manifest_sha256[:16],
+        engine=batch.engine + (f" at {batch.address}" if batch.address else ""),
+        workers=batch.workers,
+        memory_budget="none" if batch.memory_budget_mb is None else f"{batch.memory_budget_mb:.0f} MB",
+        started=batch.started,
+        seconds=batch.seconds,
+        throughput=f"{n / (batch.seconds / 60):.1f} entries/minute" if batch.seconds > 0 and n else "n/a",
     )
-    rate = f"{n / (batch.seconds / 60):.1f} entries/minute" if batch.seconds > 0 and n else "n/a"
-    engine = batch.engine + (f" at {batch.address}" if batch.address else "")
-    rows = [
-        ("entries", f"{n}: {counts}"),
-        (
-            "manifest",
-            f"<code>{esc(batch.manifest)}</code> <small>sha256 {esc(batch.manifest_sha256[:16])}</small>",
-        ),
-        ("engine", esc(engine)),
-        ("workers", esc(batch.workers)),
-        ("memory budget", "none" if batch.memory_budget_mb is None else f"{batch.memory_budget_mb:.0f} MB"),
-        ("started", esc(batch.started)),
-        ("wall time", f"{batch.seconds:.1f} s"),
-        ("throughput", esc(rate)),
-    ]
-    return [
-        f"<h1>dualexport batch {pill(verdict.lower(), verdict)}</h1>",
-        "<table class='kv'>" + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>",
-    ]
 
 
-def _changes(diff: Mapping[str, Any]) -> list[str]:
+def _changes(diff: Mapping[str, Any]) -> Changes:
     changes = [c for c in (diff.get("changes") or ()) if isinstance(c, Mapping)]
 
     def rank(c: Mapping[str, Any]) -> int:
@@ -364,112 +467,74 @@ def _changes(diff: Mapping[str, Any]) -> list[str]:
         return _KIND_ORDER.index(kind) if kind in _KIND_ORDER else len(_KIND_ORDER)
 
     changes.sort(key=rank)  # stable: within a kind, the order the diff gave
-    parts = [f"<h2>Changes since {esc(diff.get('against', 'the previous run'))}</h2>"]
-    if not changes:
-        return [*parts, "<p>no change</p>"]
-    parts.append(
-        "<table id='changes'><tr><th>entry</th><th>change</th><th>field</th><th>before</th><th>after</th></tr>"
+    rows = tuple(
+        ChangeRow(
+            str(c.get("name", "")),
+            Badge(str(c.get("kind", "changed"))),
+            str(c.get("field", "")),
+            _short(c.get("before")),
+            _short(c.get("after")),
+            _short(c.get("before"), 2000),
+            _short(c.get("after"), 2000),
+        )
+        for c in changes
     )
-    for c in changes:
-        before, after = c.get("before"), c.get("after")
-        parts.append(
-            f"<tr><td>{esc(c.get('name', ''))}</td><td>{pill(str(c.get('kind', 'changed')))}</td>"
-            f"<td><code>{esc(c.get('field', ''))}</code></td>"
-            f"<td title='{esc(fmt_value(before, 2000))}'>{esc(fmt_value(before))}</td>"
-            f"<td title='{esc(fmt_value(after, 2000))}'>{esc(fmt_value(after))}</td></tr>"
-        )
-    parts.append("</table>")
-    return parts
+    return Changes(str(diff.get("against", "the previous run")), rows)
 
 
-def _plots(entries: Sequence[EntryLike]) -> list[str]:
-    ordered = sorted(entries, key=lambda e: e.name)
-    parts = ["<h2>Across the batch</h2><div class='plots'>"]
-    targets = _targets_of(entries)
-    for t in targets:
-        with_share = [e for e in ordered if t in e.targets]
-        if not any(e.targets[t].delegated_share is not None for e in with_share):
-            continue
-        shares = [e.targets[t].delegated_share for e in with_share]
-        parts.append(
-            bar_chart(
-                [e.name for e in with_share],
-                [
-                    BarSeries(
-                        "delegated", DELEGATED_COLOR, tuple(None if s is None else 100 * s for s in shares)
-                    ),
-                    BarSeries(
-                        "not delegated",
-                        NOT_DELEGATED_COLOR,
-                        tuple(None if s is None else 100 * (1 - s) for s in shares),
-                    ),
-                ],
-                title=f"{runtime_label(t)}: share of nodes delegated, per entry",
-                x_label="nodes (% of the entry's program)",
-                stacked=True,
-                x_max=100.0,
-                value_format=lambda v: f"{format_number(v, 3)}%",
-            )
-        )
+def _share_chart(t: str, entries: Sequence[EntryLike]) -> str | None:
+    """Delegated share per entry for target ``t`` (None when no entry has one)."""
+    with_share = [e for e in entries if t in e.targets]
+    shares = [e.targets[t].delegated_share for e in with_share]
+    if all(s is None for s in shares):
+        return None
+    return bar_chart(
+        [e.name for e in with_share],
+        [
+            BarSeries("delegated", DELEGATED_COLOR, tuple(None if s is None else 100 * s for s in shares)),
+            BarSeries(
+                "not delegated",
+                NOT_DELEGATED_COLOR,
+                tuple(None if s is None else 100 * (1 - s) for s in shares),
+            ),
+        ],
+        title=f"{runtime_label(t)}: share of nodes delegated, per entry",
+        x_label="nodes (% of the entry's program)",
+        stacked=True,
+        x_max=100.0,
+        value_format=lambda v: f"{format_number(v, 3)}%",
+    )
+
+
+def _snr_chart(targets: Sequence[str], entries: Sequence[EntryLike]) -> str | None:
     series = []
     for t in targets:
-        values = []
-        for e in ordered:
-            r = e.targets.get(t)
-            values.append(None if r is None or r.parity is None else r.parity.snr_db)
-        if any(v is not None for v in values):
-            series.append(DotSeries(runtime_label(t), runtime_color(t), tuple(values)))
-    if series:
-        parts.append(
-            dot_plot(
-                [e.name for e in ordered],
-                series,
-                title="Parity per entry: SNR of the worst output vs eager (higher is closer)",
-                x_label="SNR (dB)",
-                value_format=lambda v: f"{format_number(v, 4)} dB",
-            )
+        values = tuple(
+            None if (r := e.targets.get(t)) is None or r.parity is None else r.parity.snr_db for e in entries
         )
-    parts.append("</div>")
-    return parts
+        if any(v is not None for v in values):
+            series.append(DotSeries(runtime_label(t), runtime_color(t), values))
+    if not series:
+        return None
+    return dot_plot(
+        [e.name for e in entries],
+        series,
+        title="Parity per entry: SNR of the worst output vs eager (higher is closer)",
+        x_label="SNR (dB)",
+        value_format=lambda v: f"{format_number(v, 4)} dB",
+    )
 
 
-# The only script: re-sorts the entries table by a clicked (or Enter-pressed) header, numerically
-# where both cells' data-sort parse as numbers, empty cells last. It loads nothing.
-_SORT_SCRIPT = """<script>
-for (const th of document.querySelectorAll("#entries th[data-col]")) {
-  th.tabIndex = 0; th.style.cursor = "pointer";
-  const go = () => {
-    const i = +th.dataset.col, body = document.querySelector("#entries tbody");
-    const up = th.dataset.dir !== "asc"; th.dataset.dir = up ? "asc" : "desc";
-    const key = (r) => r.cells[i].dataset.sort;
-    [...body.rows].sort((p, q) => {
-      const a = key(p), b = key(q);
-      if (a === b) return 0; if (a === "") return 1; if (b === "") return -1;
-      const x = parseFloat(a), y = parseFloat(b);
-      const c = isNaN(x) || isNaN(y) ? a.localeCompare(b) : x - y;
-      return up ? c : -c;
-    }).forEach((r) => body.appendChild(r));
-  };
-  th.onclick = go; th.onkeydown = (ev) => { if (ev.key === "Enter") go(); };
-}
-</script>
-"""
-
-_PAGE_CSS = (
-    ".scroll{overflow-x:auto;max-width:100%}"
-    "#entries td,#entries th{font-size:12px;padding:2px 5px}#entries td{white-space:nowrap}"
-    "#entries td.reason{white-space:normal;overflow-wrap:anywhere;min-width:160px;max-width:280px;color:#7a0000}"
-    "#entries tr.regressed td{background:#fff4f4}#entries td.warn{color:#8a4b00}"
-    "#entries thead th{background:#f6f6f6}"
-)
+def _charts(entries: Sequence[EntryLike]) -> tuple[str, ...]:
+    ordered = sorted(entries, key=lambda e: e.name)
+    targets = _targets_of(entries)
+    charts = [_share_chart(t, ordered) for t in targets] + [_snr_chart(targets, ordered)]
+    return tuple(c for c in charts if c is not None)
 
 
-def render_batch_page(batch: BatchLike, *, out_dir: str | pathlib.Path | None = None) -> str:
-    """The batch page: summary, changes since the compared run (regressions first), one row per
-    entry (failures and regressions first, then by name), plots across the batch, versions.
-
-    ``out_dir``: the folder the page is written to; entries' report links are relative to it,
-    and with it a link whose page is absent is marked missing instead of linking nowhere."""
+# ----------------------------------------------------------------------------- the page
+def batch_page(batch: BatchLike, *, out_dir: str | pathlib.Path | None = None) -> BatchPage:
+    """The page's content, every chart drawn (see ``render_batch_page``)."""
     folder = None if out_dir is None else pathlib.Path(out_dir)
     diff = batch.diff
     regressed = {
@@ -481,27 +546,27 @@ def render_batch_page(batch: BatchLike, *, out_dir: str | pathlib.Path | None = 
         batch.entries,
         key=lambda e: (0 if e.name in regressed else 1 if e.status != "passed" else 2, e.name),
     )
-    parts = _summary(batch)
-    if diff is not None:
-        parts += _changes(diff)
-    parts.append("<h2>Entries</h2>")
-    if not entries:
-        parts.append("<p>no entries in this batch</p>")
-    else:
-        parts.append(
-            "<p class='small'>failures and regressions first; with scripts on, a header sorts by its "
-            "column. Hover a cell for details.</p>"
-        )
-        parts.append(_table(entries, _columns(entries, regressed, folder), regressed))
-        parts += _plots(entries)
-    parts += ["<h2>Versions</h2>", versions_table(batch.versions)]
-    verdict = "PASS" if batch.ok else "FAIL"
-    return page(
-        f"dualexport batch: {verdict}",
-        "\n".join(parts),
-        css=_PAGE_CSS,
-        script=_SORT_SCRIPT if entries else "",
+    cols = _columns(entries, regressed, folder)
+    top, bottom = _headers(cols) if entries else ((), ())
+    return BatchPage(
+        verdict=Badge("pass", "PASS") if batch.ok else Badge("fail", "FAIL"),
+        summary=_summary(batch),
+        changes=None if diff is None else _changes(diff),
+        header_top=top,
+        header_bottom=bottom,
+        rows=tuple(Row(tuple(c.cell(e) for c in cols), e.name in regressed) for e in entries),
+        charts=_charts(entries) if entries else (),
+        versions=tuple(batch.versions.items()),
     )
+
+
+def render_batch_page(batch: BatchLike, *, out_dir: str | pathlib.Path | None = None) -> str:
+    """The batch page: summary, changes since the compared run (regressions first), one row per
+    entry (failures and regressions first, then by name), charts across the batch, versions.
+
+    ``out_dir``: the folder the page is written to; entries' report links are relative to it,
+    and with it a link whose page is absent is marked missing instead of linking nowhere."""
+    return render("batch.html", page=batch_page(batch, out_dir=out_dir))
 
 
 def write_batch_page(path: str | pathlib.Path, batch: BatchLike) -> pathlib.Path:
