@@ -189,7 +189,8 @@ def _delegation(t: str, rep: DelegationReport) -> list[str]:
         f"<h2>Delegation: {esc(runtime_label(t))}</h2>",
         f"<p>{rep.subgraphs} delegated subgraph(s); {rep.delegated_nodes} node(s) delegated, "
         f"{rep.non_delegated_nodes} left to the portable runtime: "
-        f"<b>{100 * rep.delegated_share:.1f}%</b> of the nodes delegated.</p>",
+        f"<b>{100 * rep.delegated_share:.1f}%</b> of the compute ops delegated "
+        "(getitem, alloc and size reads are listed, not counted).</p>",
         "<div class='plots'><table><tr><th>op</th><th>delegated</th><th>not delegated</th></tr>",
     ]
     for op, (d, nd) in rep.by_op.items():
@@ -295,6 +296,12 @@ def render_export_page(
         dict(report.versions) if report is not None and report.versions else dict(res.manifest.versions)
     )
     parts += ["<h2>Versions</h2>", versions_table(versions or library_versions())]
+    messages = getattr(res, "library_messages", ())
+    if messages:  # the libraries' warnings and log lines, kept off the terminal (dualexport._quiet)
+        items = "".join(f"<li><code>{esc(m)}</code></li>" for m in messages)
+        parts.append(
+            f"<details><summary>{len(messages)} library message(s)</summary><ul>{items}</ul></details>"
+        )
     verdict = "PASS" if _passed(res, report) else "FAIL"
     return page(f"dualexport {res.name}: {verdict}", "\n".join(parts))
 
