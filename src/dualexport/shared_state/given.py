@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 from ..errors import InputError
 from .contract import check_input_shapes
 from .nodes import describe_node
+from .request import check_containers
 
 __all__ = ["check_program", "program_inputs", "program_dynamic_shapes", "align_shape_env"]
 
@@ -116,16 +117,7 @@ def program_inputs(
         label = "the program's example_inputs"
     else:
         label = "args"
-    if not isinstance(args, tuple):
-        raise InputError(
-            f"args must be a tuple of example inputs, got {type(args).__name__}",
-            hint="wrap a single tensor as (x,)",
-        )
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise InputError(
-            f"kwargs must be a dict, got {type(kwargs).__name__}",
-            hint="pass keyword inputs as kwargs={'name': tensor}",
-        )
+    check_containers(args, kwargs)
     kwargs = dict(kwargs or {})
     expected = program.call_spec.in_spec
     given = pytree.tree_structure((tuple(args), kwargs))

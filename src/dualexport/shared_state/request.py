@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InputError
 
-__all__ = ["validate_export_request", "check_dynamic_shapes", "weight_bytes"]
+__all__ = ["validate_export_request", "check_dynamic_shapes", "check_containers", "weight_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,8 @@ def _check_weights(groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]]) -> N
         )
 
 
-def _check_inputs(args: Any, kwargs: Any) -> None:
+def check_containers(args: Any, kwargs: Any) -> None:
+    """``args`` a tuple, ``kwargs`` None or a mapping."""
     if not isinstance(args, tuple):
         raise InputError(
             f"args must be a tuple of example inputs, got {type(args).__name__}",
@@ -89,6 +90,10 @@ def _check_inputs(args: Any, kwargs: Any) -> None:
             f"kwargs must be a dict, got {type(kwargs).__name__}",
             hint="pass keyword inputs as kwargs={'name': tensor}",
         )
+
+
+def _check_inputs(args: Any, kwargs: Any) -> None:
+    check_containers(args, kwargs)
     leaves = list(_leaves(args, "args")) + list(_leaves(dict(kwargs or {}), "kwargs"))
     for path, x in leaves:
         if isinstance(x, torch.Tensor):
