@@ -129,6 +129,42 @@ def test_a_pt2_file_reuses_then_patches_the_same_folder(given, tmp_path: pathlib
     assert report.ok, report.to_markdown()
 
 
+def test_a_loaded_programs_ranges_survive_int8_requantization(tmp_path: pathlib.Path) -> None:
+    """int8 re-exports the program's ``module()`` with its own ranges (shared and derived dims),
+    and the pin refuses any range that came back narrower; a loaded program's shape environment
+    is aligned with a trace's first, so nothing reads as narrowed that was not."""
+    from dualexport.shared_state import SharedProgram
+    from dualexport.shared_state.quantize import quantize_shared
+
+    class TwoInputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            n = x.shape[0]
+            return self.fc(x) + y[:n] + y[n:]
+
+    d = Dim("d", min=2, max=8)
+    program = torch.export.export(
+        TwoInputs().eval(), (torch.randn(4, 8), torch.randn(8, 8)), dynamic_shapes=({0: d}, {0: 2 * d})
+    )
+    torch.export.save(program, tmp_path / "two.pt2")
+    shared = SharedProgram.from_program(torch.export.load(tmp_path / "two.pt2"))
+    declared = {
+        str(k): (int(v.lower), int(v.upper)) for k, v in shared.exported_program.range_constraints.items()
+    }
+    assert sorted(declared.values()) == [(2, 8), (4, 16)]
+    quantize_shared(
+        shared, "int8", [(torch.randn(3, 8), torch.randn(6, 8)), (torch.randn(8, 8), torch.randn(16, 8))]
+    )
+    after = {
+        str(k): (int(v.lower), int(v.upper)) for k, v in shared.exported_program.range_constraints.items()
+    }
+    assert after == declared
+    assert shared.float_program is not None and shared.exported_program is not shared.float_program
+
+
 # ------------------------------------------------------------------------------ refusals
 def test_a_program_exported_in_training_mode_is_refused(tmp_path: pathlib.Path) -> None:
     class Net(torch.nn.Module):

@@ -200,7 +200,8 @@ def align_shape_env(program: ExportedProgram) -> tuple[str, ...]:
     Why: torch.export's trace keeps every backed size at least 2 in its shape environment (sizes
     0 and 1 are specialized) while ``range_constraints`` keeps the declared minimum (a
     ``Dim(min=1)`` reads ``[1, 32]`` there and ``[2, 32]`` in the environment); ``torch.export.load``
-    rebuilds the environment from ``range_constraints`` (``[1, 32]``). Every later comparison of
+    rebuilds the environment from ``range_constraints`` (``[1, 32]``, and a derived size such as
+    ``2*s0`` as a key of its own, which a trace never has). Every later comparison of
     environments (the pin around each target, a transform's or the int8 re-export's check that
     no declared range narrowed) compares a traced program with this one, and would read the
     trace's own convention as a narrowed range. The declared ranges (``range_constraints``, what
@@ -214,6 +215,11 @@ def align_shape_env(program: ExportedProgram) -> tuple[str, ...]:
     if env is None:
         return ()
     changed = []
+    for key in [k for k in env.var_to_range if not isinstance(k, sympy.Symbol)]:
+        # a derived size (``2*s0``) has no range of its own in a trace's environment: its
+        # range follows from its root's (range_constraints still states it)
+        del env.var_to_range[key]
+        changed.append(f"{key}: derived, ranged by its root")
     for sym in program.range_constraints:
         vr = env.var_to_range.get(sym) if isinstance(sym, sympy.Symbol) else None
         if vr is None or not vr.lower < 2 <= vr.upper:

@@ -219,7 +219,7 @@ class SharedProgram:
         notes = ["taken from a given ExportedProgram (no trace)"]
         aligned = align_shape_env(program)
         if aligned:
-            notes.append("shape environment as a trace keeps it (sizes >= 2): " + "; ".join(aligned))
+            notes.append("shape environment aligned with a trace's: " + "; ".join(aligned))
         shared = cls(program, example_args=args, example_kwargs=kwargs, notes=notes)
         shared.dynamic_shapes = program_dynamic_shapes(program, args, kwargs)
         return shared
