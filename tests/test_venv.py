@@ -1,5 +1,6 @@
 """The venv ``make install`` builds is one a user can work in (issue 20): a fresh interpreter
-imports transformers' models with nothing stubbed, and pip finds every requirement satisfied.
+imports transformers' models with nothing stubbed (``make install`` itself ends with the same
+import and ``pip check``).
 
 Why a fresh interpreter: tests/conftest.py runs before every test and a stub put in place there
 (or by ``dualexport.loading``) would hide exactly what a user's first line meets. ``-I`` also
@@ -37,8 +38,3 @@ def test_transformers_models_import_in_a_fresh_interpreter() -> None:
         )
     assert run.returncode == 0, run.stderr[-3000:] + hint
     assert run.stdout.strip().splitlines()[-1] == "clean"
-
-
-def test_pip_finds_every_requirement_satisfied() -> None:
-    run = _run("-m", "pip", "check", "--disable-pip-version-check")
-    assert run.returncode == 0, run.stdout + run.stderr
