@@ -7,6 +7,15 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.dualexport-installed
+# torchvision's model definitions (the vision zoo in tests/ and bench/, examples/zoo.toml). Its
+# 0.28.0 wheel (the release for torch 2.13) is a CUDA build whose compiled ops do not load against
+# the CPU torch, and transformers imports torchvision whenever it can find it: in site-packages it
+# breaks `from transformers import LlamaModel` in every interpreter of the venv. So it is
+# installed beside site-packages, off the path, and only the processes that ask for torchvision's
+# models put it on theirs (dualexport.loading.allow_torchvision, with its meta registrations
+# stubbed). A venv built before this keeps torchvision in site-packages: it is removed from there.
+TORCHVISION := torchvision==0.28.0
+VISION      := $(VENV)/vision-models
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONWARNINGS := ignore
@@ -15,11 +24,15 @@ export PYTHONWARNINGS := ignore
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --disable-pip-version-check -q torch==2.13.0
 	$(PIP) install --disable-pip-version-check -q -e '.[test]'
+	$(PIP) uninstall --disable-pip-version-check -q -y torchvision 2>/dev/null || true
+	$(PIP) install --disable-pip-version-check -q --no-deps --upgrade --target $(VISION) $(TORCHVISION)
 	$(PY) -c "import torch, executorch, onnxruntime, dualexport; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	$(PY) -I -c "from transformers import LlamaModel, BertModel"
+	$(PIP) check --disable-pip-version-check
 	touch $(STAMP)
 
 # Lint, format, types and the import layers (pyproject.toml: [tool.ruff], [tool.mypy],

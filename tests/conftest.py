@@ -6,18 +6,19 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-import sys
-import types
 import warnings
 
 import pytest
 import torch
 
-# torchvision 0.28.0 (the release for torch 2.13) is published as a CUDA build only: its compiled
-# ops do not load against the CPU torch, and ``import torchvision`` fails in its meta
-# registrations ("operator torchvision::nms does not exist"), which breaks transformers too (it
-# imports torchvision when present). The model definitions are pure Python and need none of it.
-sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+from dualexport.loading import allow_torchvision
+
+# torchvision 0.28.0 (the release for torch 2.13) is published as a CUDA build only, and
+# transformers imports torchvision whenever it can find it. The venv `make install` builds keeps it
+# off the path (.venv/vision-models; tests/zoo/vision.py puts it on), so this does nothing there.
+# A venv built before still has it in site-packages: there it stubs its meta registrations
+# (dualexport.loading.models). tests/test_venv.py checks the venv itself needs no stub.
+allow_torchvision()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -51,6 +51,10 @@ class Artifact:
 
 @dataclass(frozen=True)
 class ExportResult:
+    """What one ``dx.export`` made. ``print(res)`` shows the summary the CLI prints; in a
+    notebook it renders as tables. ``library_messages``: the other libraries' warnings and log
+    lines captured during the export (shown as they happen only when dualexport logs at INFO)."""
+
     program: SharedProgram
     artifacts: Mapping[str, Artifact]
     errors: Mapping[str, DualExportError]
@@ -58,10 +62,21 @@ class ExportResult:
     out_dir: pathlib.Path
     name: str
     seconds: Mapping[str, float] = field(default_factory=dict)
+    library_messages: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def __str__(self) -> str:
+        from .display import summary_text
+
+        return summary_text(self)
+
+    def _repr_html_(self) -> str:
+        from .display import export_result_html
+
+        return export_result_html(self)
 
     def verify_weights(self) -> WeightCheck:
         """Re-read every artifact from disk; raise WeightMismatchError naming each entry that a
@@ -79,9 +94,18 @@ def _options(options: ExportOptions | None, optimize: bool) -> ExportOptions:
     return options if optimize else options.plain()
 
 
+def _source(model: Any) -> Any:
+    """A module or a program as given; a path is loaded as a program (``torch.export.load``)."""
+    if isinstance(model, (str, os.PathLike)):
+        from .loading import load_program
+
+        return load_program(model)
+    return model
+
+
 def export(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
+    model: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str],
+    args: tuple[Any, ...] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
     target: str | Sequence[str] = ("onnx", "xnnpack"),
@@ -108,7 +132,57 @@ def export(
     programs the plain libraries would lower, canonicalizations included. ``bundle=True`` also
     writes self-test bundles (``<name>.bpte``, ``<name>_onnx_tests/``) that
     ``dualexport selftest DIR`` and a device run.
+
+    ``model`` is an ``nn.Module`` (traced once, ``args`` required), or an ExportedProgram or the
+    path of a ``.pt2`` written by ``torch.export.save``: that program becomes the shared program
+    without a second trace (its ``state_dict`` is the holder's dict, ``args`` default to its
+    ``example_inputs``, its dynamic ranges are its ``range_constraints``; ``dynamic_shapes`` must
+    be None). Other libraries' warnings and log lines are captured into
+    ``res.library_messages`` (shown as they happen when dualexport logs at INFO).
     """
+    from ._quiet import library_output
+
+    with library_output() as captured:
+        res = _export(
+            _source(model),
+            args,
+            kwargs,
+            target=target,
+            out_dir=out_dir,
+            name=name,
+            dynamic_shapes=dynamic_shapes,
+            transforms=transforms,
+            quantize=quantize,
+            calibration=calibration,
+            strict=strict,
+            require_full_delegation=require_full_delegation,
+            optimize=optimize,
+            cache=cache,
+            options=options,
+            bundle=bundle,
+        )
+        return dataclasses.replace(res, library_messages=tuple(captured))
+
+
+def _export(
+    model: Any,
+    args: tuple[Any, ...] | None,
+    kwargs: Mapping[str, Any] | None,
+    *,
+    target: str | Sequence[str],
+    out_dir: str | os.PathLike[str],
+    name: str,
+    dynamic_shapes: Any,
+    transforms: Sequence[Callable[..., Any]],
+    quantize: str | None,
+    calibration: Iterable[tuple[Any, ...]] | None,
+    strict: bool,
+    require_full_delegation: bool,
+    optimize: bool,
+    cache: bool,
+    options: ExportOptions | None,
+    bundle: bool,
+) -> ExportResult:
     targets = normalize_targets(target)
     validate_export_request(
         model, args, kwargs, quantize=quantize, calibration=calibration, dynamic_shapes=dynamic_shapes
@@ -165,8 +239,35 @@ def compare(
     ``inputs``: extra argument tuples, or a .npz/.pt file of them. ``tolerances``: per output
     index ``(rtol, atol)``, over the table's defaults. ``generate``: that many extra random seeds,
     plus large-magnitude and all-zero sets shaped like the example (integer inputs stay in range).
-    ``edges``: also every declared dynamic range at its min, max-1 and max.
+    ``edges``: also every declared dynamic range at its min, max-1 and max. Other libraries'
+    output is captured as in :func:`export`.
     """
+    from ._quiet import library_output
+
+    with library_output():
+        return _compare(
+            res,
+            inputs,
+            rtol=rtol,
+            atol=atol,
+            steps=steps,
+            tolerances=tolerances,
+            generate=generate,
+            edges=edges,
+        )
+
+
+def _compare(
+    res: ExportResult,
+    inputs: Iterable[Any] | str | os.PathLike[str] | None,
+    *,
+    rtol: float | None,
+    atol: float | None,
+    steps: int,
+    tolerances: Mapping[int, tuple[float, float]] | None,
+    generate: int,
+    edges: bool,
+) -> ParityReport:
     from .parity.compare import run_parity
     from .parity.inputs import edge_input_sets, extra_input_sets
     from .shared_state.contract import flatten_inputs

@@ -1,9 +1,10 @@
-"""The ``dualexport`` command: export MODULE:ATTR to both targets, or re-check a folder.
+"""The ``dualexport`` command: export MODULE:ATTR or a .pt2 to both targets, or re-check a folder.
 
 Exit codes (DESIGN.md): 0 all good, 1 a parity or weight check failed, 2 bad usage or input,
 3 a target failed to export, 4 an internal error (a bug in dualexport or a library it drives; the
 message says so). With ``export --strict`` any target failure raises and nothing is committed.
-``-v`` (before or after the subcommand) logs progress and prints each error's chained causes.
+``-v`` (before or after the subcommand) logs progress, shows other libraries' warnings and log
+lines (captured otherwise) and prints each error's chained causes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .display import console, print_delegation, print_parity, print_weights
+from .display import console, print_export, print_parity, print_weights
 from .errors import DualExportError, InputError, InternalError, ParityError, UserError, WeightMismatchError
 
 if TYPE_CHECKING:
@@ -48,36 +49,130 @@ EXIT_CODES = """exit codes:
   130  interrupted (Ctrl-C): nothing of the run was published"""
 
 
-def _cmd_export(ns: argparse.Namespace) -> int:
-    from . import api
-    from .loading import build_dynamic_shapes, load_model, parse_dynamic, parse_input
+def _export_source(ns: argparse.Namespace) -> tuple[Any, tuple[Any, ...] | None, Any]:
+    """The model (a module, or a program from a .pt2), its example inputs (None: the program's
+    own) and the dynamic shapes, from ``MODEL``, ``--input`` and ``--dynamic``."""
+    from .loading import (
+        build_dynamic_shapes,
+        is_program_ref,
+        load_model,
+        load_program,
+        parse_dynamic,
+        parse_input,
+    )
 
-    out = console()
+    specs = [parse_input(s) for s in ns.input]
+    if is_program_ref(ns.model):
+        if ns.dynamic:
+            raise InputError(
+                "--dynamic was given with a .pt2: a program's dynamic ranges are the ones it was exported with",
+                hint="drop --dynamic, or export the module with the ranges you want and save that program",
+            )
+        program = load_program(ns.model)
+        args = tuple(spec.make(seed=i) for i, spec in enumerate(specs)) if specs else None
+        return program, args, None
     model = load_model(ns.model)
-    if not ns.input:
+    if not specs:
         raise InputError(
             "at least one --input SHAPE:DTYPE is required", hint="e.g. --input 1x3x224x224:float32"
         )
-    specs = [parse_input(s) for s in ns.input]
     args = tuple(spec.make(seed=i) for i, spec in enumerate(specs))
     dynamic = build_dynamic_shapes([parse_dynamic(d) for d in ns.dynamic], specs, model=model)
+    return model, args, dynamic
+
+
+def _calibration(ns: argparse.Namespace, source: Any, args: tuple[Any, ...] | None) -> list[Any] | None:
+    """``--calibration FILE`` or ``--calibration-random N`` (only with ``--quantize``)."""
+    given = ns.calibration is not None or ns.calibration_random is not None
+    if ns.quantize is None:
+        if given:
+            raise InputError(
+                "--calibration/--calibration-random were given without --quantize",
+                hint="add --quantize int8, or drop the calibration option",
+            )
+        return None
+    if ns.calibration is not None and ns.calibration_random is not None:
+        raise InputError("--calibration and --calibration-random were both given", hint="pass one of them")
+    if not given:
+        raise InputError(
+            f"--quantize {ns.quantize} needs calibration data",
+            hint="pass --calibration FILE (a torch.save'd list of input tuples) or --calibration-random N",
+        )
+    from .loading import load_calibration, random_calibration
+
+    if ns.calibration is not None:
+        return load_calibration(ns.calibration)
+    if args is None:  # a program's own example inputs
+        example = getattr(source, "example_inputs", None)
+        args = tuple(example[0]) if example is not None else ()
+    if not args:
+        raise InputError(
+            "--calibration-random needs example inputs to shape the sets",
+            hint="pass --input SHAPE:DTYPE, or --calibration FILE",
+        )
+    return random_calibration(args, ns.calibration_random)
+
+
+def _options(items: Sequence[str]) -> Any:
+    """``--option FIELD=VALUE`` (repeatable) into ``dx.ExportOptions``: booleans as true/false,
+    integers, and none/auto for the fields whose default None means "decide"."""
+    import dataclasses
+
+    from .exporters import ExportOptions
+
+    if not items:
+        return None
+    fields = {f.name: str(f.type) for f in dataclasses.fields(ExportOptions)}
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip().replace("-", "_"), text.strip().lower()
+        kind = fields.get(key)
+        if not sep or kind is None:
+            raise InputError(
+                f"--option {item!r}: expected FIELD=VALUE with FIELD one of ExportOptions' fields",
+                hint="fields: " + ", ".join(fields),
+            )
+        if text in ("none", "auto") and "None" in kind:
+            values[key] = None
+        elif kind.startswith("bool") and text in ("true", "yes", "1", "on", "false", "no", "0", "off"):
+            values[key] = text in ("true", "yes", "1", "on")
+        elif kind.startswith("int") and text.lstrip("-").isdigit():
+            values[key] = int(text)
+        else:
+            raise InputError(
+                f"--option {item!r}: {key} takes {kind}, not {text!r}",
+                hint="booleans as true/false, integers as digits, none/auto where the type allows None",
+            )
+    return ExportOptions(**values)
+
+
+def _cmd_export(ns: argparse.Namespace) -> int:
+    from . import api
+    from .loading import load_callable
+
+    out = console()
+    source, args, dynamic = _export_source(ns)
+    calibration = _calibration(ns, source, args)
+    transforms = [load_callable(ref) for ref in ns.transform]
     with out.status(f"exporting {ns.model} to {ns.target} ..."):
         res = api.export(
-            model,
+            source,
             args,
             target=ns.target,
             out_dir=ns.out,
             name=ns.name,
             dynamic_shapes=dynamic,
+            transforms=transforms,
+            quantize=ns.quantize,
+            calibration=calibration,
             strict=ns.strict,
+            require_full_delegation=ns.require_full_delegation,
             optimize=not ns.plain,
+            cache=not ns.no_cache,
+            options=_options(ns.option),
             bundle=ns.bundle,
         )
-    for t, art in res.artifacts.items():
-        out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
-    for t, err in res.errors.items():
-        out.print(f"[bold red]{t} failed[/]: {err}")
-    print_delegation(out, res)
     code = EXIT_OK
     check, werr, report = None, None, None
     try:
@@ -85,7 +180,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
     except WeightMismatchError as exc:
         werr = exc
         code = EXIT_CHECK_FAILED
-    print_weights(out, res.manifest, check, werr)
+    print_export(out, res, check, werr)
     if ns.compare and res.artifacts:
         report = api.compare(res)
         print_parity(out, report)
@@ -202,6 +297,20 @@ def _print_causes(exc: BaseException) -> None:
         cause, depth = cause.__cause__ or cause.__context__, depth + 1
 
 
+def _run(ns: argparse.Namespace) -> int:
+    """Run the command; other libraries' warnings and log lines are captured unless ``-v``
+    (a batch's own processes print nothing to this terminal, so it runs as it is)."""
+    if ns.func is _cmd_batch:
+        return int(ns.func(ns))
+    from ._quiet import library_output
+
+    with library_output(show=ns.verbose) as captured:
+        code = int(ns.func(ns))
+    if captured and not ns.verbose:
+        console().print(f"[dim]{len(captured)} message(s) from other libraries hidden: -v shows them[/]")
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -209,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--verbose",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="log progress and print each error's chained causes",
+        help="log progress, show other libraries' warnings and log lines, and print each error's "
+        "chained causes",
     )
     p = argparse.ArgumentParser(
         prog="dualexport",
@@ -226,14 +336,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    e.add_argument("model", help="MODULE:ATTR (an nn.Module instance, class or zero-argument factory)")
+    e.add_argument(
+        "model",
+        help="MODULE:ATTR (an nn.Module instance, class or zero-argument factory), or a .pt2 "
+        "written by torch.export.save (the program is exported as it is: no second trace)",
+    )
     e.add_argument(
         "--input",
         action="append",
         default=[],
         metavar="SHAPE:DTYPE",
         help="an example input, e.g. 1x3x224x224:float32, or 2x8:int64:0..999 for token ids "
-        "(repeat for several)",
+        "(repeat for several; a .pt2 defaults to its own example inputs)",
     )
     e.add_argument(
         "--dynamic",
@@ -263,6 +377,52 @@ def build_parser() -> argparse.ArgumentParser:
         "own pipeline): the programs the plain libraries would lower",
     )
     e.add_argument("--optimize", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2
+    e.add_argument(
+        "--quantize",
+        choices=["int8"],
+        default=None,
+        help="int8: PT2E static per-channel quantization of the shared program, for both targets "
+        "(needs --calibration or --calibration-random)",
+    )
+    e.add_argument(
+        "--calibration",
+        metavar="FILE",
+        default=None,
+        help="calibration inputs for --quantize: a torch.save'd list of input tuples "
+        "(loaded with weights_only=True)",
+    )
+    e.add_argument(
+        "--calibration-random",
+        type=int,
+        metavar="N",
+        default=None,
+        help="calibrate --quantize on N random input sets shaped like the example inputs",
+    )
+    e.add_argument(
+        "--transform",
+        action="append",
+        default=[],
+        metavar="MODULE:FN",
+        help="a graph transform applied once to the shared program: FN takes a torch.fx.GraphModule "
+        "and edits it, or takes and returns an ExportedProgram (repeat for several, applied in order)",
+    )
+    e.add_argument(
+        "--require-full-delegation",
+        action="store_true",
+        help="fail the xnnpack target (exit 3) when any compute op is left to the portable runtime",
+    )
+    e.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an ExportOptions field, e.g. onnx_external_data=false or parallel=false (repeat for several)",
+    )
+    e.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="lower every target again instead of reusing or patching the files already in --out",
+    )
     e.add_argument(
         "--bundle",
         action="store_true",
@@ -351,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     error: DualExportError
     try:
-        return int(ns.func(ns))
+        return _run(ns)
     except KeyboardInterrupt:
         # The export's own cleanup already ran on the way out (staging removed, lock released,
         # workers killed): say what is on disk.

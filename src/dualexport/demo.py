@@ -9,7 +9,7 @@ import sys
 import torch
 
 from . import api
-from .display import console, print_delegation, print_parity, print_weights
+from .display import console, print_export, print_parity
 from .examples import TinyConvNet
 
 
@@ -24,13 +24,7 @@ def main() -> int:
         out_dir=ns.out,
         name="tinyconvnet",
     )
-    for t, art in res.artifacts.items():
-        out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
-    for t, err in res.errors.items():
-        out.print(f"[bold red]{t} failed[/]: {err}")
-    print_delegation(out, res)
-    check = res.verify_weights()
-    print_weights(out, res.manifest, check, None)
+    print_export(out, res, res.verify_weights())
     report = api.compare(res)
     print_parity(out, report)
     return 0 if report.ok and not res.errors else 1

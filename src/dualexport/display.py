@@ -1,20 +1,57 @@
-"""Rich tables for the terminal: the delegation table, the weight manifest and the parity table.
+"""Rich tables for the terminal: the delegation table, the weight manifest and the parity table;
+the same summary as text (``str(res)``) and as HTML tables for a notebook (``_repr_html_``).
 
-Shared by the CLI and ``make demo`` (nothing imports the CLI module itself).
+Shared by the CLI, ``make demo`` and the result types (nothing imports the CLI module itself).
 """
 
 from __future__ import annotations
 
+import html
+import io
 import sys
 from typing import Any
 
-__all__ = ["console", "print_delegation", "print_weights", "print_parity"]
+__all__ = [
+    "console",
+    "print_export",
+    "print_delegation",
+    "print_weights",
+    "print_parity",
+    "summary_text",
+    "export_result_html",
+]
+
+_WEIGHT_COLUMNS = ("exact", "transformed", "not_stored", "missing", "mismatch")
 
 
 def console():
     from rich.console import Console
 
     return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 120)
+
+
+def print_export(console: Any, res: Any, check: Any | None = None, error: Exception | None = None) -> None:
+    """What the CLI prints after an export: each file, each failed target, the delegation table
+    and the weight manifest (with the weight check when one ran)."""
+    for t, art in res.artifacts.items():
+        console.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
+    for t, err in res.errors.items():
+        console.print(f"[bold red]{t} failed[/]: ", end="")
+        console.print(str(err), markup=False)
+    print_delegation(console, res)
+    print_weights(console, res.manifest, check, error)
+
+
+def summary_text(res: Any, report: Any | None = None) -> str:
+    """``print_export`` (and the parity table with ``report``) as plain text: ``str(res)``."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    out = Console(file=buf, width=120, color_system=None, highlight=False, force_terminal=False)
+    print_export(out, res)
+    if report is not None:
+        print_parity(out, report)
+    return buf.getvalue().rstrip("\n")
 
 
 def print_delegation(console: Any, res: Any) -> None:
@@ -24,10 +61,8 @@ def print_delegation(console: Any, res: Any) -> None:
     if art is None or art.delegation is None:
         return
     d = art.delegation
-    t = Table(
-        title=f"XNNPACK delegation: {d.subgraphs} subgraph(s), {d.delegated_nodes} delegated, "
-        f"{d.non_delegated_nodes} not ({100 * d.delegated_share:.0f}%)"
-    )
+    console.print(f"XNNPACK delegation: {d.summary}; every node of the program:")
+    t = Table()
     t.add_column("op_type")
     t.add_column("delegated", justify="right")
     t.add_column("non-delegated", justify="right")
@@ -41,13 +76,11 @@ def print_weights(console: Any, manifest: Any, check: Any | None, error: Excepti
 
     t = Table(title="Weight manifest (from the files on disk)")
     t.add_column("target")
-    for col in ("exact", "transformed", "not_stored", "missing", "mismatch"):
+    for col in _WEIGHT_COLUMNS:
         t.add_column(col, justify="right")
     for target in manifest.artifacts:
         c = manifest.counts(target)
-        t.add_row(
-            target, *(str(c.get(k, 0)) for k in ("exact", "transformed", "not_stored", "missing", "mismatch"))
-        )
+        t.add_row(target, *(str(c.get(k, 0)) for k in _WEIGHT_COLUMNS))
     console.print(t)
     if error is not None:
         console.print(f"[bold red]weight check FAILED[/]: {error}")
@@ -85,6 +118,54 @@ def print_parity(console: Any, report: Any) -> None:
                 f"[red]{rt}: first divergence[/] at node {d.node} ({d.op})"
                 + (f" — {d.source}" if d.source else "")
             )
+
+
+# ------------------------------------------------------------------------------ notebooks
+def export_result_html(res: Any) -> str:
+    """An export result as HTML tables (files, failures, delegation, weight manifest), for
+    Jupyter's ``_repr_html_``."""
+    from .parity.report import NOTEBOOK_STYLE as _STYLE
+    from .parity.report import html_table as _table
+
+    esc = html.escape
+    verdict = "<span class='good'>ok</span>" if res.ok else "<span class='bad'>target(s) failed</span>"
+    parts = [
+        _STYLE,
+        f"<div class='dx'><b>dualexport {esc(res.name)}</b> in <code>{esc(str(res.out_dir))}</code>: {verdict}",
+    ]
+    rows = [
+        (
+            esc(t),
+            f"<code>{esc(art.path.name)}</code>",
+            f"{art.seconds:.1f}",
+            esc(type(art.outcome).__name__ if art.outcome else ""),
+        )
+        for t, art in res.artifacts.items()
+    ]
+    rows += [
+        (esc(t), "<span class='bad'>failed</span>", "", esc(str(err).splitlines()[0]))
+        for t, err in res.errors.items()
+    ]
+    parts.append(_table("Targets", ("target", "file", "seconds", "made by"), rows))
+    art = res.artifacts.get("xnnpack")
+    d = None if art is None else art.delegation
+    if d is not None:
+        parts.append(
+            _table(
+                f"XNNPACK delegation: {d.summary}",
+                ("op_type", "delegated", "non-delegated"),
+                [
+                    (f"<code>{esc(op)}</code>", dn, f"<span class='bad'>{nd}</span>" if nd else nd)
+                    for op, (dn, nd) in d.by_op.items()
+                ],
+            )
+        )
+    rows = []
+    for target in res.manifest.artifacts:
+        c = res.manifest.counts(target)
+        rows.append((esc(target), *(c.get(k, 0) for k in _WEIGHT_COLUMNS)))
+    parts.append(_table("Weight manifest (from the files on disk)", ("target", *_WEIGHT_COLUMNS), rows))
+    return "\n".join(parts) + "</div>"
 
 
 class BatchProgress:

@@ -7,14 +7,14 @@ training mode and re-draws the classifier head so the logits are O(1), as a trai
 ``tests/test_vision_models.py`` checks that the reference outputs are not constant.
 
 torchvision 0.28.0 (the release for torch 2.13) is published as a CUDA build only; its model
-definitions are pure Python and load with ``torchvision._meta_registrations`` stubbed
-(tests/conftest.py).
+definitions are pure Python. ``make install`` keeps it out of the venv's site-packages (it would
+break ``import transformers`` for every user of the venv) and puts it in ``.venv/vision-models``;
+``_torchvision`` puts that folder on this process's path with ``torchvision._meta_registrations``
+stubbed, the first time a vision case is built (``dualexport.loading.allow_torchvision``).
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +27,14 @@ __all__ = ["VISION_CASES", "realistic"]
 
 
 def _torchvision() -> Any:
-    sys.modules.setdefault(
-        "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
-    )
+    from dualexport.loading import allow_torchvision
+
+    if not allow_torchvision(search=True):
+        raise ModuleNotFoundError(
+            "torchvision's model definitions are not installed: `make install` puts them in "
+            ".venv/vision-models (pip install --no-deps --target .venv/vision-models torchvision==0.28.0; "
+            "DUALEXPORT_VISION_MODELS names another folder)"
+        )
     import torchvision
 
     return torchvision

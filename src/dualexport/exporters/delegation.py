@@ -9,15 +9,30 @@ from typing import Any
 
 from ..errors import DelegationError
 
-__all__ = ["DelegationReport", "check_full_delegation"]
+__all__ = ["DelegationReport", "check_full_delegation", "STRUCTURAL_OPS", "is_compute_op"]
+
+#: Rows of ExecuTorch's table that compute nothing: ``getitem`` unpacks a delegate call's (or a
+#: multi-output op's) results, ``alloc`` is a planned buffer, ``sym_size``/``sym_numel``/
+#: ``sym_stride`` read a dynamic size. (Placeholders and outputs are not rows at all.)
+STRUCTURAL_OPS = frozenset(
+    {"getitem", "alloc", "aten_sym_size_int", "aten_sym_numel_default", "aten_sym_stride_int"}
+)
+
+
+def is_compute_op(op: str) -> bool:
+    """Whether a row of the delegation table is a compute op (what the delegated share counts)."""
+    return op not in STRUCTURAL_OPS
 
 
 @dataclass(frozen=True)
 class DelegationReport:
     """Delegated subgraphs and node counts, and per op ``(delegated, non_delegated)``.
 
-    The same numbers as ExecuTorch's ``get_delegation_info`` table (the one quoted in the
-    ExecuTorch PR behind DESIGN.md), kept as data so tests and benchmarks can assert on them.
+    ``delegated_nodes``, ``non_delegated_nodes`` and ``by_op`` are ExecuTorch's
+    ``get_delegation_info`` table (the one quoted in the ExecuTorch PR behind DESIGN.md), every
+    node listed. ``delegated_share`` counts compute ops only (:data:`STRUCTURAL_OPS` aside): a
+    fully delegated model reads 100%, as ExecuTorch users read "1 subgraph, all compute ops
+    delegated", not 86% because every delegate call needs a ``getitem``.
     """
 
     subgraphs: int
@@ -26,9 +41,29 @@ class DelegationReport:
     by_op: Mapping[str, tuple[int, int]]
 
     @property
+    def compute_delegated(self) -> int:
+        """Compute ops inside XNNPACK delegates."""
+        return sum(d for op, (d, _) in self.by_op.items() if is_compute_op(op))
+
+    @property
+    def compute_non_delegated(self) -> int:
+        """Compute ops left to ExecuTorch's portable kernels."""
+        return sum(n for op, (_, n) in self.by_op.items() if is_compute_op(op))
+
+    @property
     def delegated_share(self) -> float:
-        total = self.delegated_nodes + self.non_delegated_nodes
-        return self.delegated_nodes / total if total else 1.0
+        """Share of the compute ops that XNNPACK runs (1.0 when there are none)."""
+        total = self.compute_delegated + self.compute_non_delegated
+        return self.compute_delegated / total if total else 1.0
+
+    @property
+    def summary(self) -> str:
+        """One line, as the CLI's table title and the notebook view say it."""
+        return (
+            f"{self.subgraphs} subgraph(s), {self.compute_delegated} of "
+            f"{self.compute_delegated + self.compute_non_delegated} compute ops delegated "
+            f"({100 * self.delegated_share:.0f}%)"
+        )
 
     def non_delegated_ops(self) -> tuple[str, ...]:
         return tuple(op for op, (_, nd) in self.by_op.items() if nd)
@@ -51,6 +86,8 @@ class DelegationReport:
             "subgraphs": self.subgraphs,
             "delegated_nodes": self.delegated_nodes,
             "non_delegated_nodes": self.non_delegated_nodes,
+            "compute_delegated": self.compute_delegated,
+            "compute_non_delegated": self.compute_non_delegated,
             "delegated_share": round(self.delegated_share, 4),
             "by_op": {op: {"delegated": d, "non_delegated": n} for op, (d, n) in self.by_op.items()},
         }
@@ -75,6 +112,7 @@ class DelegationReport:
             f"Total delegated subgraphs: {self.subgraphs}",
             f"Number of delegated nodes: {self.delegated_nodes}",
             f"Number of non-delegated nodes: {self.non_delegated_nodes}",
+            f"Compute ops delegated: {self.summary} (getitem, alloc and size reads are not compute)",
             "",
             "| op_type | occurrences_in_delegated_graphs | occurrences_in_non_delegated_graphs |",
             "|---|---:|---:|",
@@ -88,7 +126,7 @@ def check_full_delegation(report: DelegationReport | None, program: Any = None) 
     to the portable runtime (and, from ``program``, the node and model line of the first one)."""
     if report is None:
         return
-    missing = [op for op, (_, nd) in report.by_op.items() if nd and op not in ("getitem", "alloc")]
+    missing = [op for op, (_, nd) in report.by_op.items() if nd and is_compute_op(op)]
     if not missing:
         return
     from ..shared_state.nodes import describe_node, op_name

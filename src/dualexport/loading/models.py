@@ -1,12 +1,14 @@
 """Models from text: ``MODULE:ATTR`` (the CLI's and the manifest's reference) or a Hugging Face
 config class with keyword arguments (random weights, nothing downloaded).
 
-Why the torchvision stub: torchvision 0.28 (the release for torch 2.13) is published as a CUDA
+Why torchvision needs care: torchvision 0.28 (the release for torch 2.13) is published as a CUDA
 build whose compiled ops do not load against the CPU torch; its meta registrations then fail at
-import, and transformers imports torchvision when it is installed. Its model definitions are pure
-Python, so an empty ``torchvision._meta_registrations`` module in place before the first import
-makes ``torchvision.models`` (and transformers) work. It is put in place only when torchvision is
-installed and not imported yet.
+import, and transformers imports torchvision whenever it can find it. So ``make install`` keeps it
+out of the venv's site-packages (a user's interpreter never sees it and transformers works) and
+puts its pure-Python model definitions in ``.venv/vision-models``. A ``torchvision.models:...``
+reference puts that folder on the path, with an empty ``torchvision._meta_registrations`` module
+in place before the first import, in this process only. A venv that still has torchvision in
+site-packages gets the same stub.
 """
 
 from __future__ import annotations
@@ -25,32 +27,67 @@ from torch import nn
 
 from ..errors import InputError
 
-__all__ = ["load_model", "hf_model", "HFWrapper", "settle_batchnorm", "outputs_constant", "allow_torchvision"]
+__all__ = [
+    "load_model",
+    "load_object",
+    "load_callable",
+    "hf_model",
+    "HFWrapper",
+    "settle_batchnorm",
+    "outputs_constant",
+    "allow_torchvision",
+    "vision_models_dir",
+]
 
 
-def allow_torchvision() -> None:
-    """Make ``import torchvision`` (and transformers, which imports it) work on the CPU torch."""
-    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
-        return
+#: Where ``make install`` puts torchvision's model definitions (``pip install --no-deps --target``),
+#: beside the venv's site-packages and not on its path; ``DUALEXPORT_VISION_MODELS`` overrides it.
+VISION_MODELS = "vision-models"
+
+
+def vision_models_dir() -> pathlib.Path | None:
+    """The folder holding torchvision's model definitions outside site-packages, if there is one."""
+    env = os.environ.get("DUALEXPORT_VISION_MODELS")
+    folder = pathlib.Path(env) if env else pathlib.Path(sys.prefix) / VISION_MODELS
+    return folder if (folder / "torchvision").is_dir() else None
+
+
+def allow_torchvision(*, search: bool = False) -> bool:
+    """Make ``import torchvision`` (and transformers, which imports it) work on the CPU torch:
+    stub its meta registrations when it is importable; with ``search``, also put
+    :func:`vision_models_dir` on the path when it is not. Returns whether torchvision can be
+    imported now."""
+    if "torchvision" in sys.modules:
+        return True
+    if importlib.util.find_spec("torchvision") is None:
+        folder = vision_models_dir() if search else None
+        if folder is None:
+            return False
+        sys.path.append(str(folder))
+        importlib.invalidate_caches()
     sys.modules.setdefault(
         "torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations")
     )
+    return True
 
 
-def load_model(ref: str, *, search_path: Sequence[str | os.PathLike[str]] = ()) -> nn.Module:
-    """MODULE:ATTR where ATTR is an nn.Module instance, class, or zero-argument factory.
-
-    The module is looked up in ``search_path`` first, then in the current folder."""
+def load_object(
+    ref: str,
+    *,
+    search_path: Sequence[str | os.PathLike[str]] = (),
+    what: str = "model",
+    example: str = "dualexport.examples:TinyConvNet",
+) -> Any:
+    """The object MODULE:ATTR names (ATTR may be dotted). The module is looked up in
+    ``search_path`` first, then in the current folder."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
-        raise InputError(
-            f"model reference {ref!r} is not MODULE:ATTR", hint="e.g. dualexport.examples:TinyConvNet"
-        )
+        raise InputError(f"{what} reference {ref!r} is not MODULE:ATTR", hint=f"e.g. {example}")
     for folder in [*map(str, search_path), str(pathlib.Path.cwd())]:
         if folder not in sys.path:
             sys.path.insert(0, folder)
     if module_name.split(".")[0] in ("torchvision", "transformers"):
-        allow_torchvision()
+        allow_torchvision(search=module_name.split(".")[0] == "torchvision")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -63,6 +100,23 @@ def load_model(ref: str, *, search_path: Sequence[str | os.PathLike[str]] = ()) 
         if not hasattr(obj, part):
             raise InputError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_callable(ref: str, *, what: str = "transform") -> Callable[..., Any]:
+    """MODULE:FN for a callable (a transform: an FX pass or an ExportedProgram -> ExportedProgram
+    function, as ``dx.export(transforms=...)`` takes)."""
+    obj = load_object(ref, what=what, example="mypasses:remove_permutes")
+    if not callable(obj):
+        raise InputError(f"{ref} is a {type(obj).__name__}, not a function", hint="point at a function")
+    return obj
+
+
+def load_model(ref: str, *, search_path: Sequence[str | os.PathLike[str]] = ()) -> nn.Module:
+    """MODULE:ATTR where ATTR is an nn.Module instance, class, or zero-argument factory.
+
+    The module is looked up in ``search_path`` first, then in the current folder."""
+    obj = load_object(ref, search_path=search_path)
     if isinstance(obj, nn.Module):
         return obj
     if callable(obj):

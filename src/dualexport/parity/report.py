@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import pathlib
@@ -12,7 +13,7 @@ from typing import Any
 from .metrics import Metrics
 from .tolerances import Tolerance
 
-__all__ = ["OutputParity", "Divergence", "ParityReport", "REPORT_SCHEMA"]
+__all__ = ["OutputParity", "Divergence", "ParityReport", "REPORT_SCHEMA", "html_table", "NOTEBOOK_STYLE"]
 
 REPORT_SCHEMA = "dualexport.parity/1"
 
@@ -137,6 +138,42 @@ class ParityReport:
             lines.append("\n" + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         return "\n".join(lines) + "\n"
 
+    def _repr_html_(self) -> str:
+        """The parity table (and any failure or divergence) for a notebook."""
+        esc = html.escape
+        rows = []
+        for o in self.outputs:
+            for rt, m in o.metrics.items():
+                rows.append(
+                    (
+                        esc(f"{o.label} {list(o.shape)}"),
+                        esc(rt),
+                        _fmt(m.max_abs),
+                        _fmt(m.max_rel),
+                        _fmt(m.cosine, 6),
+                        _fmt(m.snr_db, 1),
+                        f"{m.mismatch_pct:.2f}",
+                        "<span class='good'>yes</span>" if m.ok else "<span class='bad'>no</span>",
+                    )
+                )
+        header = ("output", "runtime", "max_abs", "max_rel", "cosine", "snr_db", "mismatch %", "ok")
+        parts = [
+            NOTEBOOK_STYLE,
+            html_table(f"Parity vs eager: {'PASS' if self.ok else 'FAIL'}", header, rows),
+        ]
+        for rt, err in self.errors.items():
+            parts.append(
+                f"<p class='dx'><span class='bad'>{esc(rt)} failed to run</span>: {esc(str(err))}</p>"
+            )
+        for rt, d in self.divergences.items():
+            if d is not None:
+                where = f", model line: <code>{esc(d.source)}</code>" if d.source else ""
+                parts.append(
+                    f"<p class='dx'><span class='bad'>{esc(rt)}: first divergence</span> at node "
+                    f"<code>{esc(d.node)}</code> ({esc(d.op)}){where}</p>"
+                )
+        return "\n".join(parts)
+
     def save_html(self, path: str | pathlib.Path) -> pathlib.Path:
         from ..outputs.atomic import atomic_write_text
         from .html import render_html
@@ -158,3 +195,17 @@ def _fmt(v: float, digits: int = 3) -> str:
     if digits >= 6:
         return f"{v:.{digits}f}"
     return f"{v:.{digits}g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+
+
+#: The notebook views' style (``_repr_html_`` here and of ``dx.ExportResult``).
+NOTEBOOK_STYLE = (
+    "<style>.dx td,.dx th{padding:2px 8px;text-align:right}.dx td:first-child,.dx th:first-child"
+    "{text-align:left}.dx .bad{color:#b00020;font-weight:bold}.dx .good{color:#1b7f3b}</style>"
+)
+
+
+def html_table(title: str, header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    """A small HTML table (cells are inserted as given: escape text before)."""
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table class='dx'><caption>{html.escape(title)}</caption><tr>{head}</tr>{body}</table>"

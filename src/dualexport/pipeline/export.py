@@ -62,8 +62,8 @@ def pass_lists(targets: Sequence[str], options: ExportOptions) -> dict[str, tupl
 
 
 def _capture(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] | None,
     kwargs: Mapping[str, Any] | None,
     dynamic_shapes: Any,
     transforms: Sequence[Callable[..., Any]],
@@ -72,8 +72,13 @@ def _capture(
     options: ExportOptions,
 ) -> SharedProgram:
     """Trace once; then the user's transforms, quantization, and dualexport's shared passes
-    (canonicalizations and constant folding run last, on the program both targets get)."""
-    shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
+    (canonicalizations and constant folding run last, on the program both targets get). A given
+    ExportedProgram is taken as the shared program, not traced again."""
+    if isinstance(model, torch.export.ExportedProgram):
+        shared = SharedProgram.from_program(model, args, kwargs)
+    else:
+        assert args is not None  # validate_export_request refuses a module without args
+        shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
     if transforms:
         shared.apply_transforms(transforms)
     if quantize is not None:
@@ -113,8 +118,8 @@ def cache_keys(
 
 
 def export_set(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] | None,
     kwargs: Mapping[str, Any] | None,
     *,
     targets: tuple[str, ...],

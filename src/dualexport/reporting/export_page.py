@@ -140,6 +140,8 @@ class ExportPage:
     parity: ParitySection | None
     timings: tuple[TimingRow, ...]
     versions: tuple[tuple[str, str], ...]
+    #: the libraries' warnings and log lines, kept off the terminal (dualexport._quiet)
+    library_messages: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- gathering
@@ -327,6 +329,7 @@ def export_page(
         parity=parity_section(report) if report is not None else None,
         timings=tuple(timings),
         versions=tuple((versions or library_versions()).items()),
+        library_messages=tuple(getattr(res, "library_messages", ())),
     )
 
 

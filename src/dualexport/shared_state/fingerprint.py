@@ -156,7 +156,10 @@ def graph_text(module: torch.fx.GraphModule) -> str:
     """
     lines = []
     for node in module.graph.nodes:
-        lines.append(f"{node.format_node()} :: {_value_text(node.meta.get('val'))}")
+        # An output's value is its arguments' values (already above); torch.export.load fills it
+        # in and a trace does not, so the same program saved and loaded would read as another.
+        value = node.meta.get("val") if node.op != "output" else None
+        lines.append(f"{node.format_node()} :: {_value_text(value)}")
         if node.op == "get_attr":
             sub = getattr(module, str(node.target), None)
             if isinstance(sub, torch.fx.GraphModule):

@@ -198,6 +198,32 @@ class SharedProgram:
         shared.dynamic_shapes = dynamic_shapes
         return shared
 
+    @classmethod
+    def from_program(
+        cls,
+        program: ExportedProgram,
+        args: tuple[Any, ...] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> SharedProgram:
+        """Take ``program`` itself as the shared program: no trace, and its own ``state_dict``
+        is the holder's dict from here on. Its example inputs default to the program's
+        ``example_inputs``; its dynamic ranges are its ``range_constraints``. A program no target
+        can serve from (training mode, an edge program, inputs that do not fit) is refused.
+
+        The program is the holder's from then on: transforms and dualexport's own passes edit it
+        as they edit a traced module's program (dualexport's passes keep its numbers)."""
+        from .given import align_shape_env, check_program, program_dynamic_shapes, program_inputs
+
+        check_program(program)
+        args, kwargs = program_inputs(program, args, kwargs)
+        notes = ["taken from a given ExportedProgram (no trace)"]
+        aligned = align_shape_env(program)
+        if aligned:
+            notes.append("shape environment aligned with a trace's: " + "; ".join(aligned))
+        shared = cls(program, example_args=args, example_kwargs=kwargs, notes=notes)
+        shared.dynamic_shapes = program_dynamic_shapes(program, args, kwargs)
+        return shared
+
     # --------------------------------------------------------------- the holder
     @property
     def exported_program(self) -> ExportedProgram:

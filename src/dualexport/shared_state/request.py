@@ -17,7 +17,7 @@ import torch
 
 from ..errors import InputError
 
-__all__ = ["validate_export_request", "check_dynamic_shapes", "weight_bytes"]
+__all__ = ["validate_export_request", "check_dynamic_shapes", "check_containers", "weight_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +44,22 @@ def _leaves(obj: Any, path: str) -> Iterable[tuple[str, Any]]:
 def _check_model(model: Any) -> None:
     if not isinstance(model, torch.nn.Module):
         raise InputError(
-            f"model must be a torch.nn.Module, got {type(model).__name__}",
-            hint="pass the module instance, e.g. dx.export(MyNet(), (x,))",
+            f"model must be a torch.nn.Module, a torch.export.ExportedProgram or a .pt2 path, "
+            f"got {type(model).__name__}",
+            hint="pass the module instance, e.g. dx.export(MyNet(), (x,)), or a program from "
+            "torch.export.export",
         )
+    _check_weights((("parameter", model.named_parameters()), ("buffer", model.named_buffers())))
+
+
+def _check_weights(groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]]) -> None:
+    """Weights on the CPU and finite: a model's parameters and buffers, or a program's
+    state_dict and constants."""
     off_cpu, bad = [], []
-    for kind, items in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+    for kind, items in groups:
         for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                continue
             if t.device.type != "cpu":
                 off_cpu.append(f"{kind} {name} ({t.device})")
             elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
@@ -68,7 +78,8 @@ def _check_model(model: Any) -> None:
         )
 
 
-def _check_inputs(args: Any, kwargs: Any) -> None:
+def check_containers(args: Any, kwargs: Any) -> None:
+    """``args`` a tuple, ``kwargs`` None or a mapping."""
     if not isinstance(args, tuple):
         raise InputError(
             f"args must be a tuple of example inputs, got {type(args).__name__}",
@@ -79,6 +90,10 @@ def _check_inputs(args: Any, kwargs: Any) -> None:
             f"kwargs must be a dict, got {type(kwargs).__name__}",
             hint="pass keyword inputs as kwargs={'name': tensor}",
         )
+
+
+def _check_inputs(args: Any, kwargs: Any) -> None:
+    check_containers(args, kwargs)
     leaves = list(_leaves(args, "args")) + list(_leaves(dict(kwargs or {}), "kwargs"))
     for path, x in leaves:
         if isinstance(x, torch.Tensor):
@@ -297,19 +312,57 @@ def validate_export_request(
     dynamic_shapes: Any = None,
 ) -> None:
     """Raise InputError for requests that cannot succeed (or would silently export wrong
-    numbers); called before tracing."""
+    numbers); called before tracing. ``model`` is a module (``args`` required) or an
+    ExportedProgram (``args`` default to its example inputs; its ranges are its own)."""
+    from torch.export import ExportedProgram
+
+    if isinstance(model, ExportedProgram):
+        _check_program_request(model, args, kwargs, dynamic_shapes)
+        _check_quantize(quantize, calibration)
+        return
     _check_model(model)
+    if args is None:
+        raise InputError(
+            f"args are required to trace {type(model).__name__}: torch.export runs the model on them",
+            hint="pass example inputs, e.g. dx.export(model, (x,)); only an ExportedProgram brings its own",
+        )
     _check_inputs(args, kwargs)
     _check_quantize(quantize, calibration)
     check_dynamic_shapes(model, args, kwargs, dynamic_shapes)
 
 
+def _check_program_request(program: Any, args: Any, kwargs: Any, dynamic_shapes: Any) -> None:
+    """A program as the source: one it can serve from, weights on the CPU and finite, inputs
+    that fit it, and no second set of ranges."""
+    from .given import check_program, program_inputs
+
+    check_program(program)
+    if dynamic_shapes is not None:
+        raise InputError(
+            "dynamic_shapes was given with an ExportedProgram: a program's dynamic ranges are the "
+            "ones it was exported with (its range_constraints)",
+            hint="drop dynamic_shapes, or export the module with the ranges you want and pass that program",
+        )
+    _check_weights((("weight", program.state_dict.items()), ("constant", program.constants.items())))
+    args, kwargs = program_inputs(program, args, kwargs)
+    _check_inputs(args, kwargs)
+
+
 # ------------------------------------------------------------------------------ resources
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers, each storage counted once (tied weights)."""
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers (a program's state_dict and constants), each
+    storage counted once (tied weights)."""
+    from torch.export import ExportedProgram
+
+    if isinstance(model, ExportedProgram):
+        tensors = [
+            t for t in [*model.state_dict.values(), *model.constants.values()] if isinstance(t, torch.Tensor)
+        ]
+    else:
+        tensors = list(model.parameters()) + list(model.buffers())
     seen: set[tuple[int, int]] = set()
     total = 0
-    for t in list(model.parameters()) + list(model.buffers()):
+    for t in tensors:
         key = (
             (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
             if t.device.type != "meta"
