@@ -167,7 +167,7 @@ def locate_onnx(
                     )
                 )
         for init in by_sha.get((e.sha256, e.nbytes), ()):
-            if init in e.names or (init in named and store.sha256[init] != e.sha256):
+            if init in e.names:
                 continue
             claimed.add(init)
             copies[e.name].append(

@@ -97,12 +97,11 @@ class PteTensors:
         """File offsets of ``blob`` inside the delegate payloads (never elsewhere in the file)."""
         out = []
         for start, size in self.payloads:
-            region = memoryview(self.raw)[start : start + size]
-            pos = bytes(region).find(blob) if size else -1
+            region = bytes(memoryview(self.raw)[start : start + size])  # a delegate's flatbuffer: small
+            pos = region.find(blob)
             while pos != -1:
                 out.append(start + pos)
-                pos = bytes(region).find(blob, pos + 1)
-            region.release()
+                pos = region.find(blob, pos + 1)
         return out
 
 
