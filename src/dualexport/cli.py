@@ -173,27 +173,18 @@ def _cmd_export(ns: argparse.Namespace) -> int:
             options=_options(ns.option),
             bundle=ns.bundle,
         )
-    code = EXIT_OK
-    check, werr, report = None, None, None
-    try:
-        check = res.verify_weights()
-    except WeightMismatchError as exc:
-        werr = exc
-        code = EXIT_CHECK_FAILED
-    print_export(out, res, check, werr)
-    if ns.compare and res.artifacts:
-        report = api.compare(res)
-        print_parity(out, report)
-        from .outputs import atomic_write_text
+    from .reporting import CompareSettings, check_export
 
-        atomic_write_text(res.out_dir / f"{res.name}.parity.json", report.to_json())
-        if not report.ok:
-            code = EXIT_CHECK_FAILED
-    if ns.html:
-        from .reporting import write_export_page
-
-        page = write_export_page(res.out_dir / f"{res.name}.report.html", res, report)
-        out.print(f"report: {page}")
+    with out.status("checking the files ..."):
+        checked = check_export(res, compare=CompareSettings() if ns.compare else None, page=ns.html)
+    print_export(out, res, checked.weights, checked.weight_error)
+    if checked.report is not None:
+        print_parity(out, checked.report)
+    if checked.parity_error is not None:
+        raise checked.parity_error
+    if checked.page is not None:
+        out.print(f"report: {checked.page}")
+    code = EXIT_OK if checked.ok else EXIT_CHECK_FAILED
     if res.errors:
         code = EXIT_TARGET_FAILED
         if any(isinstance(e, InternalError) for e in res.errors.values()):
@@ -376,7 +367,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn every dualexport pass off (canonicalizations, constant folding, each target's "
         "own pipeline): the programs the plain libraries would lower",
     )
-    e.add_argument("--optimize", action="store_true", help=argparse.SUPPRESS)  # the default since 0.2
     e.add_argument(
         "--quantize",
         choices=["int8"],

@@ -92,7 +92,8 @@ class LoweredTarget:
     kept_tensors: Mapping[str, Any] = field(default_factory=dict)
     #: how many XNNPACK backend passes were skipped (``exporters.backend_passes.PassPruning``)
     backend_passes: Any = None
-    details: dict[str, Any] = field(default_factory=dict)
+    #: the ONNX file's default-domain opset (None for other targets)
+    opset: int | None = None
 
 
 class Exporter(Protocol):

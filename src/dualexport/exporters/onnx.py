@@ -271,5 +271,5 @@ class OnnxExporter:
             weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
             derived_copies=pipeline.derived,
             kept_tensors=kept,
-            details={"op_list": [n.op_type for n in model.graph], "opset": model.opset_imports.get("", None)},
+            opset=model.opset_imports.get("", None),
         )

@@ -24,7 +24,7 @@ import signal
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..outputs import export_lock, recover
@@ -97,7 +97,8 @@ class _Run:
     record: EntryRecord | None = None
     crash: str | None = None
     timed_out: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: a phase message arrived since the progress display last showed this entry
+    phase_changed: bool = False
 
 
 def _clean_after(folder: pathlib.Path, name: str) -> None:
@@ -121,7 +122,7 @@ def _drain(run: _Run) -> None:
             kind, payload = run.conn.recv()
             if kind == "phase":
                 run.phase = payload
-                run.extra["phase_changed"] = True
+                run.phase_changed = True
             elif kind == "record":
                 run.record = EntryRecord.from_dict(payload)
             elif kind == "crash":
@@ -235,7 +236,8 @@ def run_local(
             now = time.monotonic()
             for name, run in list(running.items()):
                 _drain(run)
-                if run.extra.pop("phase_changed", False):
+                if run.phase_changed:
+                    run.phase_changed = False
                     emit("phase", name, phase=run.phase)
                 if run.proc.is_alive() and now - run.started > run.entry.timeout and not run.timed_out:
                     run.timed_out = True

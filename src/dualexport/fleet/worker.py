@@ -21,9 +21,10 @@ import resource
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DualExportError, UserError, WeightMismatchError
+from ..errors import DualExportError, UserError
 from ..outputs import atomic_write_text
 from ..outputs.atomic import atomic_write_bytes
 from .manifest import Entry, entry_digest
@@ -157,33 +158,95 @@ def run_entry(
 ) -> EntryRecord:
     """Export ``entry`` into ``out_dir/<name>/`` and check it; never raises for the entry's own
     problems (they are the record's status and reason)."""
-    from .. import api
-    from ..pipeline import Reused
+    return _EntryRun(entry, out_dir, phase, attempts).run()
 
-    t0 = time.perf_counter()
-    folder = out_dir / entry.name
-    digest = entry_digest(entry)
-    phases: dict[str, float] = {}
-    base = EntryRecord(
-        entry.name,
-        "error",
-        line=entry.line,
-        folder=entry.name,
-        attempts=attempts,
-        worker=f"{socket.gethostname()}:{os.getpid()}",
-        digest=digest,
-        started=round(time.time(), 3),
-    )
 
-    def done(rec: EntryRecord) -> EntryRecord:
-        rec = rec.with_(seconds=time.perf_counter() - t0, phases=dict(phases), peak_rss_mb=peak_rss_mb())
+@dataclass(frozen=True)
+class _Loaded:
+    """The entry's model and inputs, and what its eager outputs say."""
+
+    model: Any
+    args: tuple[Any, ...]
+    dynamic: Any
+    calibration: list[tuple[Any, ...]] | None
+    vacuous: bool
+    weight_bytes: int
+
+
+@dataclass(frozen=True)
+class _Previous:
+    """What the entry's folder held before this run: its record and, for a carried check, the
+    parity report and the page (the commit drops them with the set they describe)."""
+
+    record: EntryRecord | None
+    parity: str | None
+    page: bytes | None
+
+
+class _EntryRun:
+    """One entry in stages: load, export, targets, checks (or carry the previous run's), record."""
+
+    def __init__(self, entry: Entry, out_dir: pathlib.Path, phase: Phase | None, attempts: int) -> None:
+        self.entry, self.phase = entry, phase
+        self.t0 = time.perf_counter()
+        self.folder = out_dir / entry.name
+        self.digest = entry_digest(entry)
+        self.phases: dict[str, float] = {}
+        self.base = EntryRecord(
+            entry.name,
+            "error",
+            line=entry.line,
+            folder=entry.name,
+            attempts=attempts,
+            worker=f"{socket.gethostname()}:{os.getpid()}",
+            digest=self.digest,
+            started=round(time.time(), 3),
+        )
+
+    @property
+    def parity_file(self) -> pathlib.Path:
+        return self.folder / f"{self.entry.name}.parity.json"
+
+    @property
+    def page(self) -> pathlib.Path:
+        return self.folder / f"{self.entry.name}.report.html"
+
+    def done(self, rec: EntryRecord) -> EntryRecord:
+        rec = rec.with_(
+            seconds=time.perf_counter() - self.t0, phases=dict(self.phases), peak_rss_mb=peak_rss_mb()
+        )
         with contextlib.suppress(DualExportError, OSError):
-            if folder.is_dir():
-                atomic_write_text(folder / f"{entry.name}{ENTRY_SUFFIX}", json.dumps(rec.to_dict(), indent=2))
+            if self.folder.is_dir():
+                atomic_write_text(
+                    self.folder / f"{self.entry.name}{ENTRY_SUFFIX}", json.dumps(rec.to_dict(), indent=2)
+                )
         return rec
 
-    try:
-        with _timed(phases, "load", phase):
+    def run(self) -> EntryRecord:
+        try:
+            loaded = self.load()
+        except Exception as exc:
+            logger.info("entry %s could not load", self.entry.name, exc_info=True)
+            return self.done(self.base.with_(status="error", reason=_reason(exc)))
+        previous = _Previous(
+            _previous(self.folder, self.entry.name),
+            self.parity_file.read_text() if self.parity_file.is_file() else None,
+            self.page.read_bytes() if self.page.is_file() else None,
+        )
+        self.base = self.base.with_(vacuous=loaded.vacuous, weight_bytes=loaded.weight_bytes)
+        try:
+            res = self.export(loaded)
+        except UserError as exc:
+            return self.done(self.base.with_(status="error", reason=_reason(exc)))
+        except Exception as exc:
+            logger.info("entry %s failed to export", self.entry.name, exc_info=True)
+            return self.done(self.base.with_(status="failed", reason=_reason(exc)))
+        return self.done(self.checked(res, previous, loaded.vacuous))
+
+    # ------------------------------------------------------------------------------ stages
+    def load(self) -> _Loaded:
+        entry = self.entry
+        with _timed(self.phases, "load", self.phase):
             model, args, dynamic = build_model(entry)
             import torch
 
@@ -192,131 +255,123 @@ def run_entry(
 
             with torch.no_grad():
                 eager_out = model(*args)
-            vacuous = outputs_constant(eager_out)
-            wbytes = weight_bytes(model)
+            vacuous, wbytes = outputs_constant(eager_out), weight_bytes(model)
         calibration = None
         if entry.quantize:
             calibration = [
                 tuple(spec.make(seed=2000 + 17 * b + i) for i, spec in enumerate(entry.inputs))
                 for b in range(max(entry.calibration, 1))
             ]
-    except Exception as exc:
-        logger.info("entry %s could not load", entry.name, exc_info=True)
-        return done(base.with_(status="error", reason=_reason(exc)))
-    previous = _previous(folder, entry.name)
-    parity_file = folder / f"{entry.name}.parity.json"
-    page = folder / f"{entry.name}.report.html"
-    # The commit drops the previous set's parity report and page with it (outputs/commit.py); a
-    # carried check writes them back.
-    previous_parity = parity_file.read_text() if parity_file.is_file() else None
-    previous_page = page.read_bytes() if page.is_file() else None
-    base = base.with_(vacuous=vacuous, weight_bytes=wbytes)
-    try:
-        with _timed(phases, "export", phase):
-            res = api.export(
-                model,
-                args,
+        return _Loaded(model, args, dynamic, calibration, vacuous, wbytes)
+
+    def export(self, loaded: _Loaded) -> Any:
+        from .. import api
+
+        entry = self.entry
+        with _timed(self.phases, "export", self.phase):
+            return api.export(
+                loaded.model,
+                loaded.args,
                 target=entry.targets,
-                out_dir=folder,
+                out_dir=self.folder,
                 name=entry.name,
-                dynamic_shapes=dynamic,
+                dynamic_shapes=loaded.dynamic,
                 quantize=entry.quantize,
-                calibration=calibration,
+                calibration=loaded.calibration,
                 optimize=entry.optimize,
                 bundle=entry.bundle,
             )
-    except UserError as exc:
-        return done(base.with_(status="error", reason=_reason(exc)))
-    except Exception as exc:
-        logger.info("entry %s failed to export", entry.name, exc_info=True)
-        return done(base.with_(status="failed", reason=_reason(exc)))
-    keys = {t: str(res.manifest.artifacts.get(t, {}).get("cache_key", "")) for t in res.artifacts}
-    targets: dict[str, TargetRecord] = {}
-    for t in entry.targets:
-        if t in res.errors:
-            err = res.errors[t]
-            targets[t] = TargetRecord(t, False, error=str(err), error_type=type(err).__name__)
-            continue
-        art = res.artifacts[t]
-        d = art.delegation
-        targets[t] = TargetRecord(
-            t,
-            True,
-            outcome=type(art.outcome).__name__.lower() if art.outcome is not None else None,
-            seconds=art.seconds,
-            files=tuple(file_record(f, folder) for f in art.files),
-            delegated_share=None if d is None else round(d.delegated_share, 4),
-            subgraphs=None if d is None else d.subgraphs,
+
+    def targets(self, res: Any) -> dict[str, TargetRecord]:
+        out: dict[str, TargetRecord] = {}
+        for t in self.entry.targets:
+            if t in res.errors:
+                err = res.errors[t]
+                out[t] = TargetRecord(t, False, error=str(err), error_type=type(err).__name__)
+                continue
+            art = res.artifacts[t]
+            d = art.delegation
+            out[t] = TargetRecord(
+                t,
+                True,
+                outcome=type(art.outcome).__name__.lower() if art.outcome is not None else None,
+                seconds=art.seconds,
+                files=tuple(file_record(f, self.folder) for f in art.files),
+                delegated_share=None if d is None else round(d.delegated_share, 4),
+                subgraphs=None if d is None else d.subgraphs,
+            )
+        return out
+
+    def carried(self, res: Any, previous: _Previous, keys: dict[str, str]) -> bool:
+        """Every target reused for the same entry and keys: the previous checks still hold."""
+        from ..pipeline import Reused
+
+        rec = previous.record
+        return (
+            rec is not None
+            and rec.digest == self.digest
+            and rec.status in ("passed", "check_failed")
+            and dict(rec.keys) == keys
+            and bool(res.artifacts)
+            and not res.errors
+            and all(isinstance(a.outcome, Reused) for a in res.artifacts.values())
         )
-    carried = (
-        previous is not None
-        and previous.digest == digest
-        and previous.status in ("passed", "check_failed")
-        and dict(previous.keys) == keys
-        and bool(res.artifacts)
-        and not res.errors
-        and all(isinstance(a.outcome, Reused) for a in res.artifacts.values())
-    )
-    weights_ok: bool | None = None
-    parity_ok: bool | None = None
-    reasons: list[str] = []
-    report = None
-    if carried:
-        assert previous is not None
-        weights_ok, parity_ok = previous.weights_ok, previous.parity_ok
-        targets = {
-            t: r if t not in previous.targets else r.with_(parity=previous.targets[t].parity)
-            for t, r in targets.items()
-        }
-        if previous.reason:
-            reasons.append(previous.reason)
-        if previous_parity is not None and not parity_file.exists():  # the commit dropped it
-            atomic_write_text(parity_file, previous_parity)
-        if previous_page is not None and not page.exists():
-            atomic_write_bytes(page, previous_page)
-    elif res.artifacts:
-        with _timed(phases, "verify", phase):
-            try:
-                res.verify_weights()
-                weights_ok = True
-            except WeightMismatchError as exc:
-                weights_ok = False
-                reasons.append(str(exc))
-        if entry.compare:
-            with _timed(phases, "compare", phase):
-                try:
-                    report = api.compare(
-                        res, rtol=entry.rtol, atol=entry.atol, generate=entry.generate, edges=entry.edges
-                    )
-                except DualExportError as exc:
-                    parity_ok = False
-                    reasons.append(f"parity check could not run: {exc}")
+
+    def checked(self, res: Any, previous: _Previous, vacuous: bool) -> EntryRecord:
+        from ..reporting import CompareSettings, check_export
+
+        entry = self.entry
+        keys = {t: str(res.manifest.artifacts.get(t, {}).get("cache_key", "")) for t in res.artifacts}
+        targets = self.targets(res)
+        reasons: list[str] = []
+        carried = self.carried(res, previous, keys)
+        if carried:
+            rec = previous.record
+            assert rec is not None
+            weights_ok, parity_ok = rec.weights_ok, rec.parity_ok
+            targets = {
+                t: r if t not in rec.targets else r.with_(parity=rec.targets[t].parity)
+                for t, r in targets.items()
+            }
+            if rec.reason:
+                reasons.append(rec.reason)
+            if previous.parity is not None and not self.parity_file.exists():  # the commit dropped it
+                atomic_write_text(self.parity_file, previous.parity)
+            if previous.page is not None and not self.page.exists():
+                atomic_write_bytes(self.page, previous.page)
+        else:
+            compare = (
+                CompareSettings(entry.rtol, entry.atol, entry.generate, entry.edges)
+                if entry.compare
+                else None
+            )
+            checks = check_export(res, compare=compare, phase=self.phase, extra_seconds=None)
+            self.phases.update(checks.seconds)
+            weights_ok, parity_ok = checks.weights_ok, checks.parity_ok
+            if checks.weight_error is not None:
+                reasons.append(str(checks.weight_error))
+            if checks.parity_error is not None:
+                reasons.append(f"parity check could not run: {checks.parity_error}")
+            report = checks.report
             if report is not None:
-                parity_ok = report.ok
                 for t in list(targets):
                     if targets[t].ok and t in report.runtimes:
                         targets[t] = targets[t].with_(parity=_summary(report, t))
-                atomic_write_text(parity_file, report.to_json())
                 if not report.ok:
                     bad = [rt for rt in report.runtimes if not _summary(report, rt).ok]
                     reasons.append("parity failed for " + ", ".join(bad))
-    if not carried:
-        with _timed(phases, "report", phase):
-            from ..reporting import write_export_page
-
-            extra = {k: v for k, v in phases.items() if k in ("verify", "compare")}
-            write_export_page(page, res, report, seconds=extra)
-    if res.errors:
-        status = "failed"
-        reasons.insert(0, "; ".join(f"{t}: {str(e).splitlines()[0]}" for t, e in res.errors.items()))
-    elif weights_ok is False or parity_ok is False:
-        status = "check_failed"
-    else:
-        status = "passed"
-    if vacuous:
-        reasons.append("eager outputs are constant: parity proves nothing (set bn_batches, check the head)")
-    return done(
-        base.with_(
+        if res.errors:
+            status = "failed"
+            reasons.insert(0, "; ".join(f"{t}: {str(e).splitlines()[0]}" for t, e in res.errors.items()))
+        elif weights_ok is False or parity_ok is False:
+            status = "check_failed"
+        else:
+            status = "passed"
+        if vacuous:
+            reasons.append(
+                "eager outputs are constant: parity proves nothing (set bn_batches, check the head)"
+            )
+        return self.base.with_(
             status=status,
             reason="; ".join(reasons) or None,
             targets=targets,
@@ -324,6 +379,5 @@ def run_entry(
             parity_ok=parity_ok,
             keys=keys,
             carried=carried,
-            report=f"{entry.name}/{page.name}" if page.exists() else None,
+            report=f"{entry.name}/{self.page.name}" if self.page.exists() else None,
         )
-    )

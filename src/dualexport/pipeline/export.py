@@ -23,8 +23,9 @@ from ..parity.inputs import save_inputs
 from ..shared_state import SharedProgram
 from ..shared_state.contract import edge_sizes, flatten_inputs
 from ..shared_state.passes import ProgramPass
+from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest
-from .job import JobKeys, Previous, TargetJob, weight_bytes
+from .job import JobKeys, Previous, TargetJob
 from .manifest import build_manifest
 from .outcome import Failed, Outcome, Published, Reused
 from .reference import reference_sets
@@ -169,7 +170,9 @@ def export_set(
     try:
         lowering = [t for t, job in jobs.items() if job.prepare()]
         parallel = (
-            options.parallel if options.parallel is not None else parallel_worthwhile(weight_bytes(shared))
+            options.parallel
+            if options.parallel is not None
+            else parallel_worthwhile(weight_bytes(shared.exported_program))
         )
         # With two targets to lower and a free core, XNNPACK (the long one) lowers in a forked
         # worker while this process runs the ONNX job; the worker lowers the holder's tensors.

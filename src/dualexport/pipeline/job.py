@@ -35,13 +35,14 @@ from ..exporters.delegation import check_full_delegation
 from ..exporters.forked import ForkedCall
 from ..outputs import commit_files, staging_dir
 from ..shared_state import SharedProgram
+from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
 from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
 from .prove import prove_file
 from .reference import Reference
 
-__all__ = ["JobKeys", "Previous", "TargetJob", "weight_bytes", "RELEASE_MEMORY_ABOVE"]
+__all__ = ["JobKeys", "Previous", "TargetJob", "RELEASE_MEMORY_ABOVE"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +51,6 @@ _LOWERING_ERRORS = {"onnx": OnnxLoweringError, "xnnpack": XnnpackLoweringError}
 #: Below this many weight bytes a full garbage collection (~0.5 s on a transformer) costs more
 #: than the memory it returns.
 RELEASE_MEMORY_ABOVE = 64 << 20
-
-
-def weight_bytes(shared: SharedProgram) -> int:
-    return sum(t.numel() * t.element_size() for t in holder_tensors(shared.exported_program).values())
 
 
 @dataclass(frozen=True)
@@ -374,7 +371,7 @@ class TargetJob:
         assert self._lower is not None
         forked = self._forked
         lowered = (forked.result() if forked is not None else None) or self._lower()
-        if weight_bytes(self.shared) >= RELEASE_MEMORY_ABOVE:
+        if weight_bytes(self.shared.exported_program) >= RELEASE_MEMORY_ABOVE:
             release_memory()  # the lowering's garbage must not stack under the smoke runs
         if lowered.kept_not_shared:
             logger.warning(
@@ -418,7 +415,7 @@ def _summarize(lowered: LoweredTarget, holder_ids: set[int]) -> _Lowering:
         kept_tensors=len(kept),
         kept_not_shared=tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids)),
         backend_passes=lowered.backend_passes,
-        opset=lowered.details.get("opset"),
+        opset=lowered.opset,
     )
 
 
