@@ -1,4 +1,4 @@
-"""DESIGN.md invariants 1, 2, 4 and 6, each as a test that can fail."""
+"""DESIGN.md invariants 1, 2, 4 and 6 (docs/design.md), each as a test that can fail."""
 
 from __future__ import annotations
 

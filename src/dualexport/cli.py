@@ -1,6 +1,6 @@
 """The ``dualexport`` command: export MODULE:ATTR or a .pt2 to both targets, or re-check a folder.
 
-Exit codes (DESIGN.md): 0 all good, 1 a parity or weight check failed, 2 bad usage or input,
+Exit codes (README): 0 all good, 1 a parity or weight check failed, 2 bad usage or input,
 3 a target failed to export, 4 an internal error (a bug in dualexport or a library it drives; the
 message says so). With ``export --strict`` any target failure raises and nothing is committed.
 ``-v`` (before or after the subcommand) logs progress, shows other libraries' warnings and log

@@ -29,7 +29,7 @@ class DelegationReport:
     """Delegated subgraphs and node counts, and per op ``(delegated, non_delegated)``.
 
     ``delegated_nodes``, ``non_delegated_nodes`` and ``by_op`` are ExecuTorch's
-    ``get_delegation_info`` table (the one quoted in the ExecuTorch PR behind DESIGN.md), every
+    ``get_delegation_info`` table (the one quoted in the ExecuTorch PR behind this project: docs/design.md), every
     node listed. ``delegated_share`` counts compute ops only (:data:`STRUCTURAL_OPS` aside): a
     fully delegated model reads 100%, as ExecuTorch users read "1 subgraph, all compute ops
     delegated", not 86% because every delegate call needs a ``getitem``.

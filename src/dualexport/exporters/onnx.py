@@ -4,7 +4,7 @@ Why the private exporter steps: ``torch.onnx.export(ep)`` decomposes again and k
 program with another dict; calling its two phases (decompose, translate) lets the decomposed
 program be the one linked to the holder, and translates it once.
 
-Deliberate choice (DESIGN.md, "Know before designing the manifest"): the graph runs through
+Deliberate choice (docs/design.md, "The weight manifest"): the graph runs through
 torch.onnx's optimizer passes *except* the BatchNorm fusion, which folds BatchNorm into Conv and
 keeps the name ``conv.weight`` for the folded values (``onnx_passes.py``). Every initializer that
 carries a weight's name carries its bytes; a weight folded into a transposed copy is recorded as
