@@ -1,0 +1,142 @@
+"""A transformers ``Cache`` over explicit tensors: the decoder's own forward fills it, out of place.
+
+Why a Cache and not a rewrite of attention: every transformers decoder already asks its cache for
+what it needs (``update`` per layer, ``get_mask_sizes`` and ``get_query_offset`` for the mask,
+``is_sliding`` for which mask a layer gets). Answering those questions from ``past_k``/``past_v``
+and ``cache_position`` serves Llama, Qwen, Mistral, Gemma's sliding layers, Phi3's fused qkv and
+GPT-2's learned positions with no case per model: each model keeps its own rotary, GQA, scaling,
+soft-capping and mask functions. transformers is imported only here (``dualexport.llm`` imports
+this module when a wrapper is built).
+
+The layout is absolute: slot ``p`` of every layer holds position ``p`` (a sliding layer keeps all
+``T`` slots and its window is the mask's job), so ``get_mask_sizes`` is ``(T, 0)`` for every layer
+and the update is ``index_copy`` at ``cache_position``, out of place (the new tensor is the
+layer's ``present``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..loading import allow_torchvision
+
+allow_torchvision()
+
+from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
+
+__all__ = ["ExplicitCache", "RecordingCache", "SUPPORTED_LAYER_TYPES"]
+
+#: transformers layer types this cache serves: full attention, and windowed attention whose
+#: window (sliding or chunked) the model's own mask function applies over absolute positions.
+SUPPORTED_LAYER_TYPES = {"full_attention": False, "sliding_attention": True, "chunked_attention": True}
+
+
+class _ExplicitLayer(CacheLayerMixin):
+    """One layer's keys and values ``[1, Hkv, T, D]``; ``update`` writes the new states at
+    ``cache_position`` into a new tensor (``index_copy``, not ``index_copy_``)."""
+
+    is_compileable = True  # the mask is always materialized (no ``is_causal`` shortcut in decode)
+    supports_early_init = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, sliding: bool):
+        super().__init__()
+        self.keys, self.values, self.position = keys, values, position
+        self.is_sliding = sliding
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.keys is not None and self.values is not None
+        self.keys = self.keys.index_copy(2, self.position, key_states.to(self.keys.dtype))
+        self.values = self.values.index_copy(2, self.position, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        assert self.keys is not None
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> Any:
+        return self.position[0]
+
+    def get_max_length(self) -> int:
+        assert self.keys is not None
+        return self.keys.shape[2]
+
+
+class ExplicitCache(Cache):
+    """The cache a wrapper hands the model: layer ``l`` starts from ``past_k[l]``/``past_v[l]``;
+    after the forward, ``present()`` stacks what the layers hold.
+
+    The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): the
+    mask's query positions are ``cache_position[0] + arange(S)``, i.e. the positions are taken as
+    contiguous, which is how prefill and decode feed them; rotary and learned positions read
+    ``position_ids = cache_position`` itself.
+    """
+
+    def __init__(
+        self, past_k: torch.Tensor, past_v: torch.Tensor, cache_position: torch.Tensor, sliding: Sequence[bool]
+    ) -> None:
+        layers: list[Any] = [
+            _ExplicitLayer(past_k[i], past_v[i], cache_position, bool(s)) for i, s in enumerate(sliding)
+        ]
+        super().__init__(layers=layers)
+        self.cache_position = cache_position
+
+    def get_query_offset(self, layer_idx: int = 0) -> Any:
+        return self.cache_position[0]
+
+    def get_seq_length(self, layer_idx: int = 0) -> Any:
+        return self.cache_position[0]
+
+    def present(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.stack([layer.keys for layer in self.layers]),
+            torch.stack([layer.values for layer in self.layers]),
+        )
+
+
+class _RecordingLayer(CacheLayerMixin):
+    """Remembers the shape and dtype of the states a layer writes (the probe that finds the cache
+    layout of any decoder, a user's module included)."""
+
+    supports_early_init = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values, self.is_initialized = key_states, value_states, True
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class RecordingCache(Cache):
+    """An empty cache that grows a recording layer per ``layer_idx`` the model updates."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=_RecordingLayer)
+
+    def shapes(self) -> list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None]:
+        return [
+            (tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype)
+            if getattr(layer, "is_initialized", False)
+            else None
+            for layer in self.layers
+        ]
