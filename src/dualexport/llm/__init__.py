@@ -9,9 +9,9 @@ The cache travels as explicit inputs and outputs (``past_k``/``past_v`` in, ``pr
 from __future__ import annotations
 
 from .export import export_llm
-from .generate import DecoderSession, Generation, SequenceTooLongError, generate
 from .layout import LlmLayout, read_layout
 from .loading import load_decoder
+from .session import DecoderSession, Generation, SequenceTooLongError, generate
 
 __all__ = [
     "export_llm",

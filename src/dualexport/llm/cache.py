@@ -81,12 +81,17 @@ class ExplicitCache(Cache):
     """
 
     def __init__(
-        self, past_k: torch.Tensor, past_v: torch.Tensor, cache_position: torch.Tensor, sliding: Sequence[bool]
+        self,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+        cache_position: torch.Tensor,
+        sliding: Sequence[bool],
     ) -> None:
-        layers: list[Any] = [
+        layers = [
             _ExplicitLayer(past_k[i], past_v[i], cache_position, bool(s)) for i, s in enumerate(sliding)
         ]
-        super().__init__(layers=layers)
+        super().__init__(layers=list[Any](layers))
+        self.explicit = layers
         self.cache_position = cache_position
 
     def get_query_offset(self, layer_idx: int = 0) -> Any:
@@ -96,10 +101,10 @@ class ExplicitCache(Cache):
         return self.cache_position[0]
 
     def present(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return (
-            torch.stack([layer.keys for layer in self.layers]),
-            torch.stack([layer.values for layer in self.layers]),
-        )
+        keys = [layer.keys for layer in self.explicit]
+        values = [layer.values for layer in self.explicit]
+        assert all(k is not None for k in keys) and all(v is not None for v in values)
+        return torch.stack(keys), torch.stack(values)  # type: ignore[arg-type]
 
 
 class _RecordingLayer(CacheLayerMixin):
@@ -134,9 +139,10 @@ class RecordingCache(Cache):
         super().__init__(layer_class_to_replicate=_RecordingLayer)
 
     def shapes(self) -> list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None]:
+        layers: list[Any] = list(self.layers)
         return [
             (tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype)
             if getattr(layer, "is_initialized", False)
             else None
-            for layer in self.layers
+            for layer in layers
         ]

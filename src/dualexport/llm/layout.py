@@ -62,7 +62,7 @@ class LlmLayout:
     def from_json(cls, text: str, source: str = "the file") -> LlmLayout:
         try:
             data: Mapping[str, Any] = json.loads(text)
-            fields = {
+            fields: dict[str, Any] = {
                 k: tuple(v) if isinstance(v, list) else v
                 for k, v in data.items()
                 if k in cls.__dataclass_fields__

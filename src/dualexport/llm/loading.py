@@ -27,7 +27,9 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError as exc:
-        raise InputError("config files and model folders need transformers", hint="pip install transformers") from exc
+        raise InputError(
+            "config files and model folders need transformers", hint="pip install transformers"
+        ) from exc
     return transformers
 
 

@@ -137,7 +137,9 @@ def probe_layout(model: nn.Module, max_seq_len: int, name: str = "") -> LlmLayou
     eos = getattr(gen, "eos_token_id", None) if gen is not None else None
     if eos is None and config is not None:
         eos = getattr(config, "eos_token_id", None)
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []))
+    eos_ids = tuple(
+        int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    )
     return LlmLayout(
         layers=len(shapes),
         kv_heads=k0[1],

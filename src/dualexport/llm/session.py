@@ -77,22 +77,26 @@ class DecoderSession:
     returns their logits ``[len(ids), vocab]``; ``reset()`` empties the cache. A session keeps no
     state in the runtime: the cache is the program's input and output (design (a))."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, runner: Any, layout: LlmLayout, label: str = "the program") -> None:
+        self.runner, self.layout, self.label = runner, layout, label
+        self.reset()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> DecoderSession:
+        """Load ``path`` in its runtime (ONNX Runtime for .onnx, ExecuTorch for .pte), in this
+        process, and read the layout it records."""
         from ..runtimes import open_runner
 
-        self.path = pathlib.Path(path)
-        target = _TARGETS.get(self.path.suffix)
+        path = pathlib.Path(path)
+        target = _TARGETS.get(path.suffix)
         if target is None:
             raise InputError(
-                f"{self.path.name} is neither .onnx nor .pte",
-                hint="pass the .onnx or .pte that export_llm wrote",
+                f"{path.name} is neither .onnx nor .pte", hint="pass the .onnx or .pte that export_llm wrote"
             )
-        if not self.path.is_file():
-            raise InputError(f"{self.path} does not exist", hint="pass the path of an exported file")
-        self.target = target
-        self.runner = open_runner(target, self.path, isolated=False)
-        self.layout: LlmLayout = read_layout(self.path, self.runner if target == "onnx" else None)
-        self.reset()
+        if not path.is_file():
+            raise InputError(f"{path} does not exist", hint="pass the path of an exported file")
+        runner = open_runner(target, path, isolated=False)
+        return cls(runner, read_layout(path, runner if target == "onnx" else None), path.name)
 
     def reset(self) -> None:
         dtype = getattr(torch, self.layout.dtype)
@@ -106,7 +110,7 @@ class DecoderSession:
         if prompt + new > t or prompt > self.layout.max_prompt:
             raise SequenceTooLongError(
                 f"a prompt of {prompt} tokens plus {new} new tokens needs {prompt + new} positions, "
-                f"past {self.path.name}'s max_seq_len of {t}",
+                f"past {self.label}'s max_seq_len of {t}",
                 hint=f"ask for at most {max(t - prompt, 0)} new tokens, shorten the prompt, or re-export "
                 f"with export_llm(..., max_seq_len={prompt + new})",
             )
@@ -116,7 +120,7 @@ class DecoderSession:
         if self.position + n > t or n > self.layout.max_prompt:
             raise SequenceTooLongError(
                 f"{n} tokens at position {self.position} need positions up to {self.position + n}; "
-                f"{self.path.name} holds {t} (at most {self.layout.max_prompt} per call)",
+                f"{self.label} holds {t} (at most {self.layout.max_prompt} per call)",
                 hint="reset() the session, feed fewer tokens per call, or re-export with a larger max_seq_len",
             )
         tokens = torch.tensor([list(ids)], dtype=torch.long)
@@ -167,5 +171,5 @@ def generate(
 
     Raises :class:`SequenceTooLongError` when the prompt plus ``max_new_tokens`` is past the
     file's ``max_seq_len``."""
-    gen = DecoderSession(path).generate(input_ids, max_new_tokens, stop_at_eos=stop_at_eos)
+    gen = DecoderSession.open(path).generate(input_ids, max_new_tokens, stop_at_eos=stop_at_eos)
     return (gen.tokens, gen.logits) if return_logits else gen.tokens
