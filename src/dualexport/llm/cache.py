@@ -34,16 +34,40 @@ __all__ = ["ExplicitCache", "RecordingCache", "SUPPORTED_LAYER_TYPES"]
 SUPPORTED_LAYER_TYPES = {"full_attention": False, "sliding_attention": True, "chunked_attention": True}
 
 
+class _Scatter:
+    """Writes ``S`` new rows into ``T`` slots as dense ops, shared by every layer of one call:
+    ``present = past * keep + onehot @ new``, where ``onehot[t, s] = (cache_position[s] == t)``
+    and ``keep[t] = 1 - sum_s onehot[t, s]``.
+
+    Why not ``index_copy``: it decomposes to ``index_put``, which XNNPACK does not take, so every
+    layer's update split the delegate (twice). Here the update is a ``bmm``, a ``mul`` and an
+    ``add``; it is exact for finite values (each slot sums one product with 1 and zeros) and
+    assumes distinct positions, as prefill and decode feed them. ``onehot`` and ``keep`` depend
+    on ``cache_position`` only: they are computed once, before the first layer.
+    """
+
+    def __init__(self, position_ids: torch.Tensor, slots: int, dtype: torch.dtype) -> None:
+        hit = (torch.arange(slots, dtype=position_ids.dtype).view(-1, 1) == position_ids).to(dtype)
+        self.onehot = hit.unsqueeze(0)  # [1, T, S]
+        self.keep = (1.0 - hit.sum(-1)).view(1, 1, slots, 1)  # [1, 1, T, 1]
+
+    def __call__(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        _, heads, slots, dim = past.shape
+        rows = new.to(past.dtype).transpose(1, 2).contiguous().view(1, -1, heads * dim)  # [1, S, Hkv*D]
+        placed = torch.bmm(self.onehot, rows).view(1, slots, heads, dim).transpose(1, 2)
+        return past * self.keep + placed
+
+
 class _ExplicitLayer(CacheLayerMixin):
     """One layer's keys and values ``[1, Hkv, T, D]``; ``update`` writes the new states at
-    ``cache_position`` into a new tensor (``index_copy``, not ``index_copy_``)."""
+    ``cache_position`` into new tensors (out of place: the results are the layer's present)."""
 
     is_compileable = True  # the mask is always materialized (no ``is_causal`` shortcut in decode)
     supports_early_init = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, sliding: bool):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cache: ExplicitCache, sliding: bool):
         super().__init__()
-        self.keys, self.values, self.position = keys, values, position
+        self.keys, self.values, self.cache = keys, values, cache
         self.is_sliding = sliding
         self.is_initialized = True
 
@@ -54,8 +78,13 @@ class _ExplicitLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.keys is not None and self.values is not None
-        self.keys = self.keys.index_copy(2, self.position, key_states.to(self.keys.dtype))
-        self.values = self.values.index_copy(2, self.position, value_states.to(self.values.dtype))
+        if self.cache.scatter == "index_copy":
+            position = self.cache.cache_position
+            self.keys = self.keys.index_copy(2, position, key_states.to(self.keys.dtype))
+            self.values = self.values.index_copy(2, position, value_states.to(self.values.dtype))
+        else:
+            scatter = self.cache.dense_scatter(self.keys)
+            self.keys, self.values = scatter(self.keys, key_states), scatter(self.values, value_states)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -63,7 +92,7 @@ class _ExplicitLayer(CacheLayerMixin):
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> Any:
-        return self.position[0]
+        return self.cache.cache_position[0]
 
     def get_max_length(self) -> int:
         assert self.keys is not None
@@ -77,7 +106,9 @@ class ExplicitCache(Cache):
     The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): the
     mask's query positions are ``cache_position[0] + arange(S)``, i.e. the positions are taken as
     contiguous, which is how prefill and decode feed them; rotary and learned positions read
-    ``position_ids = cache_position`` itself.
+    ``position_ids = cache_position`` itself (``position_ids``: that ``[1, S]`` view, when the caller
+    made it already). ``scatter``: how a layer writes its new states, ``"dense"`` (see
+    :class:`_Scatter`) or ``"index_copy"``.
     """
 
     def __init__(
@@ -86,13 +117,21 @@ class ExplicitCache(Cache):
         past_v: torch.Tensor,
         cache_position: torch.Tensor,
         sliding: Sequence[bool],
+        scatter: str = "dense",
+        position_ids: torch.Tensor | None = None,
     ) -> None:
-        layers = [
-            _ExplicitLayer(past_k[i], past_v[i], cache_position, bool(s)) for i, s in enumerate(sliding)
-        ]
+        self.cache_position = cache_position
+        self.position_ids = cache_position.view(1, -1) if position_ids is None else position_ids
+        self.scatter = scatter
+        self._dense: _Scatter | None = None
+        layers = [_ExplicitLayer(past_k[i], past_v[i], self, bool(s)) for i, s in enumerate(sliding)]
         super().__init__(layers=list[Any](layers))
         self.explicit = layers
-        self.cache_position = cache_position
+
+    def dense_scatter(self, like: torch.Tensor) -> _Scatter:
+        if self._dense is None:
+            self._dense = _Scatter(self.position_ids, like.shape[2], like.dtype)
+        return self._dense
 
     def get_query_offset(self, layer_idx: int = 0) -> Any:
         return self.cache_position[0]

@@ -66,6 +66,9 @@ def export_llm(
     :class:`~dualexport.api.ExportResult`; ``dx.generate`` runs either file.
     """
     from .. import api
+    from ..shared_state import ProgramTransform
+    from .attention import exported_attention
+    from .canonical import DECODER_CANONICALIZATIONS
     from .layout import LAYOUT_KEY
     from .loading import load_decoder
     from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
@@ -94,7 +97,7 @@ def export_llm(
         args = example_inputs(layout)
         opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
         logger.info("decoder layout: %s", layout)
-        with torch.no_grad():
+        with torch.no_grad(), exported_attention(model):
             return api.export(
                 wrapper,
                 args,
@@ -102,6 +105,9 @@ def export_llm(
                 out_dir=out_dir,
                 name=name,
                 dynamic_shapes=dynamic_shapes(layout),
+                transforms=[ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS]
+                if optimize
+                else [],
                 strict=strict,
                 optimize=optimize,
                 options=opts,

@@ -82,10 +82,10 @@ class DecoderWithCache(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from .cache import ExplicitCache
 
-        cache = ExplicitCache(past_k, past_v, cache_position, self.sliding)
+        position_ids = cache_position.unsqueeze(0)
+        cache = ExplicitCache(past_k, past_v, cache_position, self.sliding, position_ids=position_ids)
         kwargs = _accepted_kwargs(
-            self.model,
-            {"position_ids": cache_position.unsqueeze(0), "past_key_values": cache, "use_cache": True},
+            self.model, {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         )
         logits = _logits(self.model(input_ids=input_ids, **kwargs))
         present_k, present_v = cache.present()
