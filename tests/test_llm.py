@@ -1,8 +1,8 @@
 """Generative decoders (issue 19, step 1): ``dx.export_llm`` on seven transformers architectures
 (tiny configs, seeded random weights), both targets from one trace; ``dx.generate`` on each file
 against transformers' own ``generate``; teacher-forced logits; refusal past ``max_seq_len``; the
-weight proof; the CLI. One export per architecture, shared by its checks; all but two
-architectures run in the slow suite."""
+weight proof; XNNPACK delegation; the CLI. One export per architecture, shared by its checks;
+all but Llama run in the slow suite."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2),
     ),
 }
-FAST = ("llama", "gemma3")
+#: In the default run (one export, ~1.5 min of CPU on 2 cores); the other six run in `make test-slow`.
+FAST = ("llama",)
 
 
 def make_model(arch: str, seed: int = 0) -> torch.nn.Module:
@@ -185,6 +186,28 @@ def test_weights_proven_and_layout_recorded(llm: Exported) -> None:
     assert layout.sliding == (sliding or (False, False))
 
 
+#: Fused projections are split with slices of a dynamic tensor, which ExecuTorch 1.4.1's XNNPACK
+#: partitioner refuses (SliceCopyConfig takes static shapes only): one split per slice group.
+FUSED_PROJECTIONS = {"phi3": "fused qkv_proj and gate_up_proj", "gpt2": "fused c_attn"}
+
+
+def test_xnnpack_one_delegate_per_program(llm: Exported, request: pytest.FixtureRequest) -> None:
+    """Issue 19's bar: at least 90% of the nodes delegated, in at most L + 2 subgraphs (a plain
+    export of the same tiny Llama: 25 subgraphs, 49.5%)."""
+    if llm.arch in FUSED_PROJECTIONS:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason=f"{FUSED_PROJECTIONS[llm.arch]}: XNNPACK (ExecuTorch 1.4.1) slices static shapes only",
+            )
+        )
+    d = llm.res.artifacts["xnnpack"].delegation
+    assert d.subgraphs <= 2 + 2, d.to_markdown()
+    assert d.delegated_share >= 0.90, d.to_markdown()
+    assert not {"aten_index_put_default", "aten_any_dim", "aten_mean_dim"} & set(d.non_delegated_ops())
+
+
 # --------------------------------------------------------------------- one architecture only
 @pytest.fixture
 def llama(exports: Any) -> Exported:
@@ -244,3 +267,117 @@ def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:
     )
     with pytest.raises(ArtifactFormatError, match="export_llm"):
         dx.generate(tmp_path / "m.onnx", [1], max_new_tokens=1)
+
+
+# ------------------------------------------------------------------ a user's own decoder module
+class UserBlock(torch.nn.Module):
+    """Attention with learned positions and SDPA, written against the cache protocol only:
+    ``cache.update(k, v, layer_idx)`` returns every slot, the mask compares slot and position."""
+
+    def __init__(self, dim: int, heads: int, layer: int) -> None:
+        super().__init__()
+        self.heads, self.layer = heads, layer
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim)
+        )
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        k, v = cache.update(k, v, self.layer)
+        slots = torch.arange(k.shape[2])
+        mask = slots.view(1, -1) <= position_ids.view(-1, 1)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class UserDecoder(torch.nn.Module):
+    def __init__(self, vocab: int = 96, dim: int = 32, heads: int = 2, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Embedding(64, dim)
+        self.blocks = torch.nn.ModuleList(UserBlock(dim, heads, i) for i in range(layers))
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values: Any
+    ) -> torch.Tensor:
+        x = self.embed(input_ids) + self.pos(position_ids)
+        for block in self.blocks:
+            x = block(x, position_ids, past_key_values)
+        return self.head(x)
+
+
+def user_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """The module's own greedy loop on a growing transformers DynamicCache (no dualexport)."""
+    from transformers import DynamicCache
+
+    cache, ids, pos = DynamicCache(), list(prompt), 0
+    with torch.no_grad():
+        feed = prompt
+        for _ in range(n):
+            positions = torch.arange(pos, pos + len(feed)).unsqueeze(0)
+            logits = model(torch.tensor([feed]), position_ids=positions, past_key_values=cache)
+            pos += len(feed)
+            feed = [int(logits[0, -1].argmax())]
+            ids.append(feed[0])
+    return ids
+
+
+@pytest.mark.parametrize("target", ["onnx", pytest.param("xnnpack", marks=pytest.mark.slow)])
+def test_users_own_decoder_module(target: str, tmp_path: pathlib.Path) -> None:
+    """Not transformers: a module with the same forward exports and generates its own tokens."""
+    torch.manual_seed(3)
+    model = UserDecoder().eval()
+    res = dx.export_llm(model, max_seq_len=24, out_dir=tmp_path, name="user", target=target)
+    assert res.ok, dict(res.errors)
+    layout = read_layout(res.artifacts[target].path)
+    assert (layout.layers, layout.kv_heads, layout.head_dim, layout.vocab) == (2, 2, 16, 96)
+    for prompt in ([5, 9, 1], list(range(40, 56))):
+        want = user_greedy(model, prompt, 6)
+        assert len(set(want[len(prompt) :])) >= 3
+        assert dx.generate(res.artifacts[target].path, prompt, max_new_tokens=6).tolist() == [want]
+    res.verify_weights()
+
+
+# --------------------------------------------------------------------------------------- CLI
+def test_cli_generate(llama: Exported, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dualexport generate FILE --ids ... -n ...` prints the tokens dx.generate returns; past
+    max_seq_len it exits 2 and says what to try."""
+    from dualexport.cli import main
+
+    for art in llama.res.artifacts.values():
+        capsys.readouterr()
+        assert main(["generate", str(art.path), "--ids", "1,2,3", "-n", "5", "--no-eos"]) == 0
+        want = dx.generate(art.path, [1, 2, 3], max_new_tokens=5, stop_at_eos=False)[0, 3:].tolist()
+        assert f"new:    {want}" in capsys.readouterr().out
+        assert main(["generate", str(art.path), "--ids", "1,2,3", "-n", str(T)]) == 2
+        printed = capsys.readouterr().out
+        assert "max_seq_len" in printed and "What to try" in printed
+
+
+@pytest.mark.slow
+def test_cli_export_llm_from_a_config_file(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dualexport export-llm CONFIG.json --compare` (the README's command): a folder the
+    generate command runs, generation parity written beside it."""
+    import json
+
+    from dualexport.cli import main
+
+    out = tmp_path / "out"
+    config = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tiny_llama.json"
+    code = main(["export-llm", str(config), "--max-seq-len", "16", "--out", str(out), "--compare"])
+    assert code == 0, capsys.readouterr().out
+    assert {"model.onnx", "model.pte", "model.weights.json", "model.generation.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert json.loads((out / "model.generation.json").read_text())["ok"] is True
+    capsys.readouterr()
+    assert main(["generate", str(out / "model.pte"), "--ids", "1,2,3", "-n", "5"]) == 0
+    assert "new:" in capsys.readouterr().out

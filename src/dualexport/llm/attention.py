@@ -119,8 +119,9 @@ def additive_mask(
     """transformers' eager mask (0 where the model's mask function allows a key, the dtype's
     minimum elsewhere), ``[1, 1, S, T]``, in fewer ops: the index-based mask function evaluated on
     ``[S, 1]`` query and ``[1, T]`` key positions, then ``(allowed - 1) * max``, which XNNPACK
-    takes (``where``/``expand`` it does not). Padding masks and vmap-only mask functions go to
-    transformers' own."""
+    takes (``where``/``expand`` it does not). The query positions are the exported program's
+    ``cache_position`` when its cache asks (exact for any positions, and no ``arange``). Padding
+    masks and vmap-only mask functions go to transformers' own."""
     from transformers.masking_utils import causal_mask_function, eager_mask
 
     mask_function = mask_function or causal_mask_function
@@ -137,8 +138,14 @@ def additive_mask(
             use_vmap=use_vmap,
             **kwargs,
         )
+    from .cache import active_cache
+
     zero = torch.zeros(1, 1, dtype=torch.long)
-    q_idx = (torch.arange(q_length) + q_offset).view(-1, 1)
+    cache = active_cache()
+    if cache is not None and q_offset is cache.query_offset:  # the positions themselves
+        q_idx = cache.position_ids.view(-1, 1)
+    else:
+        q_idx = (torch.arange(q_length) + q_offset).view(-1, 1)
     kv_idx = (torch.arange(kv_length) + kv_offset).view(1, -1)
     allowed = mask_function(zero, zero, q_idx, kv_idx)
     return ((allowed.to(dtype) - 1.0) * torch.finfo(dtype).max).view(1, 1, q_length, kv_length)

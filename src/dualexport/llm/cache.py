@@ -16,7 +16,9 @@ layer's ``present``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +29,7 @@ allow_torchvision()
 
 from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
 
-__all__ = ["ExplicitCache", "RecordingCache", "SUPPORTED_LAYER_TYPES"]
+__all__ = ["ExplicitCache", "RecordingCache", "SUPPORTED_LAYER_TYPES", "active_cache"]
 
 #: transformers layer types this cache serves: full attention, and windowed attention whose
 #: window (sliding or chunked) the model's own mask function applies over absolute positions.
@@ -99,14 +101,25 @@ class _ExplicitLayer(CacheLayerMixin):
         return self.keys.shape[2]
 
 
+_ACTIVE: contextvars.ContextVar[ExplicitCache | None] = contextvars.ContextVar(
+    "dualexport_cache", default=None
+)
+
+
+def active_cache() -> ExplicitCache | None:
+    """The cache of the forward running now (the mask function reads its positions)."""
+    return _ACTIVE.get()
+
+
 class ExplicitCache(Cache):
     """The cache a wrapper hands the model: layer ``l`` starts from ``past_k[l]``/``past_v[l]``;
     after the forward, ``present()`` stacks what the layers hold.
 
-    The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): the
-    mask's query positions are ``cache_position[0] + arange(S)``, i.e. the positions are taken as
-    contiguous, which is how prefill and decode feed them; rotary and learned positions read
-    ``position_ids = cache_position`` itself (``position_ids``: that ``[1, S]`` view, when the caller
+    The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): with
+    transformers' own mask functions the query positions are ``cache_position[0] + arange(S)``,
+    i.e. taken as contiguous, which is how prefill and decode feed them; the exported attention's
+    mask (``attention.additive_mask``) reads ``cache_position`` itself, as rotary and learned
+    positions do (``position_ids = cache_position``) (``position_ids``: that ``[1, S]`` view, when the caller
     made it already). ``scatter``: how a layer writes its new states, ``"dense"`` (see
     :class:`_Scatter`) or ``"index_copy"``.
     """
@@ -122,6 +135,7 @@ class ExplicitCache(Cache):
     ) -> None:
         self.cache_position = cache_position
         self.position_ids = cache_position.view(1, -1) if position_ids is None else position_ids
+        self.query_offset = cache_position[0]
         self.scatter = scatter
         self._dense: _Scatter | None = None
         layers = [_ExplicitLayer(past_k[i], past_v[i], self, bool(s)) for i, s in enumerate(sliding)]
@@ -134,10 +148,19 @@ class ExplicitCache(Cache):
         return self._dense
 
     def get_query_offset(self, layer_idx: int = 0) -> Any:
-        return self.cache_position[0]
+        return self.query_offset
 
     def get_seq_length(self, layer_idx: int = 0) -> Any:
-        return self.cache_position[0]
+        return self.query_offset
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[ExplicitCache]:
+        """This cache as :func:`active_cache` for the duration of a forward."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
 
     def present(self) -> tuple[torch.Tensor, torch.Tensor]:
         keys = [layer.keys for layer in self.explicit]

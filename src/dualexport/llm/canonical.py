@@ -65,20 +65,22 @@ def _one_dynamic(shape: Sequence[Any]) -> list[int] | None:
     return [-1 if i == dyn[0] else int(s) for i, s in enumerate(shape)]
 
 
-def _fake(fn: Callable[..., Any], *args: Any) -> Any:
+def _fake(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on the nodes' fake values (the program's own fake mode), for a new node's meta."""
     vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
     mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     if mode is None:
         return None
     with mode:
-        return fn(*vals)
+        return fn(*vals, **kwargs)
 
 
-def _call(graph: torch.fx.Graph, op: Any, args: tuple[Any, ...], like: torch.fx.Node) -> torch.fx.Node:
-    node = graph.call_function(op, args)
+def _call(
+    graph: torch.fx.Graph, op: Any, args: tuple[Any, ...], like: torch.fx.Node, **kwargs: Any
+) -> torch.fx.Node:
+    node = graph.call_function(op, args, kwargs)
     node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")})
-    node.meta["val"] = _fake(op, *args)
+    node.meta["val"] = _fake(op, *args, **kwargs)
     return node
 
 
@@ -122,9 +124,12 @@ def views_with_one_dynamic_size(program: ExportedProgram) -> ExportedProgram:
 
 
 def mean_as_global_pool(program: ExportedProgram) -> ExportedProgram:
+    from torch._prims_common import is_contiguous_or_false
+
     """``mean(x, [-1], keepdim)`` of a float32 ``x`` with one dynamic dim and a static last dim ->
-    ``view(mean(reshape(x, [-1, 1, 1, D]), [2, 3], True), shape)``: the same mean, as the 4-D global
-    average pooling XNNPACK takes (a reshape: q/k norms see a transposed ``x``)."""
+    ``view(mean(view(x, [-1, 1, 1, D]), [2, 3], True), shape)``: the same mean, as the 4-D global
+    average pooling XNNPACK takes (a transposed ``x``, as q/k norms see, is copied first: a
+    ``reshape`` would decompose to a view with the symbolic size written out)."""
     changed = 0
     for node in [n for gm in _graphs(program) for n in gm.graph.nodes]:
         graph = node.graph
@@ -140,7 +145,9 @@ def mean_as_global_pool(program: ExportedProgram) -> ExportedProgram:
         if dims != [rank - 1] or rank < 2 or out_shape is None or not isinstance(xv.shape[-1], int):
             continue
         with graph.inserting_before(node):
-            flat = _call(graph, aten.reshape.default, (x, [-1, 1, 1, int(xv.shape[-1])]), node)
+            if not is_contiguous_or_false(xv):  # q/k norms of a transposed x: copy, then view
+                x = _call(graph, aten.clone.default, (x,), node, memory_format=torch.contiguous_format)
+            flat = _call(graph, aten.view.default, (x, [-1, 1, 1, int(xv.shape[-1])]), node)
             pooled = _call(graph, aten.mean.dim, (flat, [2, 3], True), node)
             back = _call(graph, aten.view.default, (pooled, out_shape), node)
         node.replace_all_uses_with(back)

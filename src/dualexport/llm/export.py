@@ -8,6 +8,7 @@ dynamic dim, and asks each file to record the cache layout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -64,6 +65,9 @@ def export_llm(
     ``forward(input_ids[1,S], cache_position[S], past_k, past_v) -> (logits, present_k,
     present_v)`` with ``1 <= S < max_seq_len``: prefill and decode. Returns the usual
     :class:`~dualexport.api.ExportResult`; ``dx.generate`` runs either file.
+
+    ``optimize=False`` exports the plain design: the model's own attention, the cache written with
+    ``index_copy``, no dualexport pass (what the libraries lower by themselves, for comparison).
     """
     from .. import api
     from ..shared_state import ProgramTransform
@@ -93,11 +97,12 @@ def export_llm(
     model.eval()
     try:
         layout = probe_layout(model, max_seq_len, label or type(model).__name__)
-        wrapper = DecoderWithCache(model, layout.sliding).eval()
+        wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
         opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
         logger.info("decoder layout: %s", layout)
-        with torch.no_grad(), exported_attention(model):
+        attention = exported_attention(model) if optimize else contextlib.nullcontext()
+        with torch.no_grad(), attention:
             return api.export(
                 wrapper,
                 args,

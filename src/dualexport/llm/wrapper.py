@@ -31,13 +31,14 @@ def _accepted_kwargs(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]
 
 
 def _logits(out: Any) -> torch.Tensor:
-    logits = getattr(out, "logits", None)
+    """The logits of a forward's result: a tensor, ``.logits``, or the first of a tuple."""
+    logits = out if isinstance(out, torch.Tensor) else getattr(out, "logits", None)
     if logits is None and isinstance(out, (tuple, list)) and out:
         logits = out[0]
     if not isinstance(logits, torch.Tensor):
         raise InputError(
             f"the model returned {type(out).__name__}, with no logits",
-            hint="export a causal LM (…ForCausalLM), or a module returning logits first or as .logits",
+            hint="export a causal LM (…ForCausalLM), or a module returning logits (alone, first or as .logits)",
         )
     return logits
 
@@ -66,12 +67,14 @@ def sliding_layers(model: nn.Module, layers: int) -> tuple[bool, ...]:
 
 class DecoderWithCache(nn.Module):
     """Drives ``model``'s own forward with an :class:`~dualexport.llm.cache.ExplicitCache` over the
-    given tensors, and returns the logits and the updated cache. Changes nothing in ``model``."""
+    given tensors, and returns the logits and the updated cache. Changes nothing in ``model``.
+    ``scatter``: how the cache is written (``"dense"``, or ``"index_copy"`` as the plain design)."""
 
-    def __init__(self, model: nn.Module, sliding: Sequence[bool]) -> None:
+    def __init__(self, model: nn.Module, sliding: Sequence[bool], scatter: str = "dense") -> None:
         super().__init__()
         self.model = model
         self.sliding = tuple(bool(s) for s in sliding)
+        self.scatter = scatter
 
     def forward(
         self,
@@ -83,11 +86,14 @@ class DecoderWithCache(nn.Module):
         from .cache import ExplicitCache
 
         position_ids = cache_position.unsqueeze(0)
-        cache = ExplicitCache(past_k, past_v, cache_position, self.sliding, position_ids=position_ids)
+        cache = ExplicitCache(
+            past_k, past_v, cache_position, self.sliding, scatter=self.scatter, position_ids=position_ids
+        )
         kwargs = _accepted_kwargs(
             self.model, {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         )
-        logits = _logits(self.model(input_ids=input_ids, **kwargs))
+        with cache.active():
+            logits = _logits(self.model(input_ids=input_ids, **kwargs))
         present_k, present_v = cache.present()
         return logits, present_k, present_v
 
