@@ -182,8 +182,8 @@ def test_weights_proven_and_layout_recorded(llm: Exported) -> None:
     config = llm.model.config
     assert (layout.layers, layout.max_seq_len, layout.vocab, layout.dtype) == (2, T, 256, "float32")
     assert layout.kv_heads == getattr(config, "num_key_value_heads", 4)
-    sliding = tuple(t == "sliding_attention" for t in getattr(config, "layer_types", None) or [])
-    assert layout.sliding == (sliding or (False, False))
+    # Mistral: a window on every layer; Gemma3: sliding then full (its layer_types)
+    assert layout.sliding == {"mistral": (True, True), "gemma3": (True, False)}.get(llm.arch, (False, False))
 
 
 #: Fused projections are split with slices of a dynamic tensor, which ExecuTorch 1.4.1's XNNPACK

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .export import export_llm
 from .layout import LlmLayout, read_layout
 from .loading import load_decoder
+from .parity import GenerationReport, StepTolerance, generation_parity
 from .session import DecoderSession, Generation, SequenceTooLongError, generate
 
 __all__ = [
@@ -22,4 +23,7 @@ __all__ = [
     "read_layout",
     "load_decoder",
     "SequenceTooLongError",
+    "generation_parity",
+    "GenerationReport",
+    "StepTolerance",
 ]

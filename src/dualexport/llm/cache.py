@@ -94,7 +94,7 @@ class _ExplicitLayer(CacheLayerMixin):
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> Any:
-        return self.cache.cache_position[0]
+        return self.cache.query_offset
 
     def get_max_length(self) -> int:
         assert self.keys is not None
@@ -118,9 +118,9 @@ class ExplicitCache(Cache):
     The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): with
     transformers' own mask functions the query positions are ``cache_position[0] + arange(S)``,
     i.e. taken as contiguous, which is how prefill and decode feed them; the exported attention's
-    mask (``attention.additive_mask``) reads ``cache_position`` itself, as rotary and learned
-    positions do (``position_ids = cache_position``) (``position_ids``: that ``[1, S]`` view, when the caller
-    made it already). ``scatter``: how a layer writes its new states, ``"dense"`` (see
+    mask (``attention.additive_mask``) reads the positions themselves, as rotary and learned
+    positions do (``position_ids``: ``cache_position`` as ``[1, S]``, passed when the caller made
+    that view already). ``scatter``: how a layer writes its new states, ``"dense"`` (see
     :class:`_Scatter`) or ``"index_copy"``.
     """
 

@@ -23,8 +23,11 @@ __all__ = ["DecoderWithCache", "probe_layout", "example_inputs", "dynamic_shapes
 
 def _accepted_kwargs(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments ``model.forward`` takes (all of them when it takes ``**kwargs``):
-    a user's module need not declare ``use_cache``."""
+    a user's module need not declare ``use_cache``. The cache goes by the name the forward
+    declares: ``past_key_values``, or ``cache`` (transformers 5.24 renames it)."""
     params = inspect.signature(model.forward).parameters
+    if "past_key_values" in kwargs and "past_key_values" not in params and "cache" in params:
+        kwargs = {("cache" if k == "past_key_values" else k): v for k, v in kwargs.items()}
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return kwargs
     return {k: v for k, v in kwargs.items() if k in params}
@@ -108,7 +111,7 @@ def probe_layout(model: nn.Module, max_seq_len: int, name: str = "") -> LlmLayou
     kwargs = _accepted_kwargs(
         model, {"position_ids": torch.arange(2).unsqueeze(0), "past_key_values": cache, "use_cache": True}
     )
-    if "past_key_values" not in kwargs:
+    if "past_key_values" not in kwargs and "cache" not in kwargs:
         raise InputError(
             f"{type(model).__name__}.forward takes no past_key_values",
             hint="export_llm drives a transformers-style decoder: forward(input_ids, position_ids=..., "
