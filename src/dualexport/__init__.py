@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .exporters import TARGETS, DelegationReport, ExportOptions
     from .fleet import BatchRecord, EntryRecord
     from .fleet.batch import batch
+    from .llm import export_llm, generate
     from .parity import Metrics, OutputParity, ParityReport, Tolerance
     from .pipeline import Failed, Lowered, Patched, Proof, Reused
     from .shared_state import ProgramTransform, SharedProgram
@@ -53,6 +54,7 @@ _LAZY = {
     **dict.fromkeys(("Artifact", "ExportResult", "compare", "export"), ".api"),
     **dict.fromkeys(("TARGETS", "DelegationReport", "ExportOptions"), ".exporters"),
     **dict.fromkeys(("BatchRecord", "EntryRecord", "batch"), ".fleet"),
+    **dict.fromkeys(("export_llm", "generate"), ".llm"),
     **dict.fromkeys(("Metrics", "OutputParity", "ParityReport", "Tolerance"), ".parity"),
     **dict.fromkeys(("Failed", "Lowered", "Patched", "Proof", "Reused"), ".pipeline"),
     **dict.fromkeys(("ProgramTransform", "SharedProgram"), ".shared_state"),
@@ -83,6 +85,9 @@ __all__ = [
     "Artifact",
     "ExportOptions",
     "TARGETS",
+    # generative decoders
+    "export_llm",
+    "generate",
     # a zoo at once
     "batch",
     "BatchRecord",

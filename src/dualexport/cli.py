@@ -486,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--retries", type=int, default=2, help="(Ray) attempts more when a worker dies")
     b.add_argument("--only", action="append", metavar="NAME", help="run only this entry (repeat for several)")
     b.set_defaults(func=_cmd_batch)
+    from .cli_llm import add_llm_commands  # export-llm, generate
+
+    add_llm_commands(sub, common, EXIT_CODES)
     return p
 
 

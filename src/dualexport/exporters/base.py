@@ -51,6 +51,10 @@ class ExportOptions:
     #: the graph clean-up of torch.onnx's optimizer, minus the BatchNorm fusion that would store
     #: other bytes under a weight's name (ONNX Runtime fuses BatchNorm at load instead)
     onnx_passes: bool = True
+    #: extra ``(key, text)`` pairs each file records: ONNX ``metadata_props[key]``, and a .pte
+    #: constant method ``key`` returning the text's UTF-8 bytes as ints (keys are identifiers);
+    #: e.g. the cache layout of ``dx.export_llm``, read back by ``dx.generate``
+    file_metadata: tuple[tuple[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The options that make the files (how they are made, never their bytes, left out)."""

@@ -230,6 +230,8 @@ class OnnxExporter:
             if name not in state_inputs
         ]
         model.metadata_props[RANGES_METADATA] = json.dumps(user_specs)
+        for key, text in options.file_metadata:
+            model.metadata_props[key] = text
         from .onnx_passes import PipelineResult
 
         pipeline = PipelineResult()

@@ -224,6 +224,8 @@ class XnnpackExporter:
         methods: dict[str, Any] = {RANGES_METHOD: encode_input_ranges(input_specs(decomposed))}
         if external:
             methods[DATA_FILE_METHOD] = [1]
+        for key, text in options.file_metadata:
+            methods[key] = list(text.encode())
         try:
             with (
                 pruned_backend_passes(options.prune_backend_passes) as pruning,

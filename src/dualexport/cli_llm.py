@@ -1,0 +1,120 @@
+"""The CLI's decoder commands (``export-llm``, ``generate``), registered by ``cli.py``.
+
+In a module of their own so the two commands can change without touching the others; the exit
+codes are cli.py's (0 ok, 1 a check failed, 2 bad input: raised errors are mapped by cli.main,
+3 a target failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .display import console, print_delegation, print_weights
+from .errors import InputError, WeightMismatchError
+
+__all__ = ["add_llm_commands"]
+
+_OK, _CHECK_FAILED, _TARGET_FAILED = 0, 1, 3
+
+
+def _cmd_export_llm(ns: argparse.Namespace) -> int:
+    from .llm import export_llm, load_decoder
+
+    out = console()
+    model = load_decoder(ns.model, seed=ns.seed)
+    with out.status(f"exporting {ns.model} (max_seq_len {ns.max_seq_len}) to {ns.target} ..."):
+        res = export_llm(
+            model,
+            max_seq_len=ns.max_seq_len,
+            out_dir=ns.out,
+            name=ns.name,
+            target=ns.target,
+            quantize=None if ns.quantize == "none" else ns.quantize,
+            optimize=not ns.plain,
+        )
+    for t, art in res.artifacts.items():
+        out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
+    for t, err in res.errors.items():
+        out.print(f"[bold red]{t} failed[/]: {err}")
+    print_delegation(out, res)
+    code = _OK
+    check, werr = None, None
+    try:
+        check = res.verify_weights()
+    except WeightMismatchError as exc:
+        werr, code = exc, _CHECK_FAILED
+    print_weights(out, res.manifest, check, werr)
+    if ns.compare and res.artifacts:
+        from .llm.parity import generation_parity
+        from .outputs import atomic_write_text
+
+        report = generation_parity(res, model, max_new_tokens=ns.compare_tokens)
+        out.print(report.to_markdown(), markup=False)
+        atomic_write_text(res.out_dir / f"{res.name}.generation.json", report.to_json())
+        if not report.ok:
+            code = _CHECK_FAILED
+    return _TARGET_FAILED if res.errors else code
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as exc:
+        raise InputError(
+            f"--ids {text!r} is not a comma-separated list of ints", hint="e.g. --ids 1,2,3"
+        ) from exc
+
+
+def _cmd_generate(ns: argparse.Namespace) -> int:
+    from .llm import generate
+
+    tokens = generate(ns.file, _ids(ns.ids), max_new_tokens=ns.max_new_tokens, stop_at_eos=not ns.no_eos)
+    ids = [int(t) for t in tokens[0]]
+    prompt = len(_ids(ns.ids))
+    console().print(f"prompt: {ids[:prompt]}\nnew:    {ids[prompt:]}", markup=False)
+    return _OK
+
+
+def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> None:
+    """Add ``export-llm`` and ``generate`` to the CLI's subparsers."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    e = sub.add_parser(
+        "export-llm",
+        help="export a decoder for generation (cache in/out, prefill and decode from one program)",
+        parents=[common],
+        epilog=epilog,
+        formatter_class=fmt,
+    )
+    e.add_argument(
+        "model",
+        help="a transformers config .json (random seeded weights), a local model folder, or MODULE:ATTR",
+    )
+    e.add_argument("--max-seq-len", type=int, required=True, help="positions the cache holds (prompt + new)")
+    e.add_argument("--out", default="dualexport_out", help="output folder")
+    e.add_argument("--name", default="model", help="file name stem of the artifacts")
+    e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
+    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4"))
+    e.add_argument("--seed", type=int, default=0, help="seed of random weights (config files)")
+    e.add_argument(
+        "--compare",
+        action="store_true",
+        help="generation parity: greedy tokens of both files vs the model, teacher-forced logits",
+    )
+    e.add_argument(
+        "--compare-tokens", type=int, default=8, metavar="N", help="new tokens per prompt (--compare)"
+    )
+    e.add_argument("--plain", action="store_true", help="turn every dualexport pass off")
+    e.set_defaults(func=_cmd_export_llm)
+    g = sub.add_parser(
+        "generate",
+        help="greedy generation from an export-llm file (.onnx on ONNX Runtime, .pte on ExecuTorch)",
+        parents=[common],
+        epilog=epilog,
+        formatter_class=fmt,
+    )
+    g.add_argument("file", help="the .onnx or .pte written by export-llm")
+    g.add_argument("--ids", required=True, help="prompt token ids, e.g. 1,2,3")
+    g.add_argument("-n", "--max-new-tokens", type=int, default=20)
+    g.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence ids")
+    g.set_defaults(func=_cmd_generate)

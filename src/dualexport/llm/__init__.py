@@ -1,0 +1,29 @@
+"""Generative decoders on both targets from one trace (issue 19): ``export_llm`` exports a
+decoder's cache-aware program, ``generate`` runs either file greedily, ``generation_parity``
+proves the files generate what the model does.
+
+The cache travels as explicit inputs and outputs (``past_k``/``past_v`` in, ``present_k``/
+``present_v`` out), its layout recorded in each file (``layout.py``).
+"""
+
+from __future__ import annotations
+
+from .export import export_llm
+from .layout import LlmLayout, read_layout
+from .loading import load_decoder
+from .parity import GenerationReport, StepTolerance, generation_parity
+from .session import DecoderSession, Generation, SequenceTooLongError, generate
+
+__all__ = [
+    "export_llm",
+    "generate",
+    "DecoderSession",
+    "Generation",
+    "LlmLayout",
+    "read_layout",
+    "load_decoder",
+    "SequenceTooLongError",
+    "generation_parity",
+    "GenerationReport",
+    "StepTolerance",
+]

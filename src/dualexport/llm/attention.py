@@ -1,0 +1,188 @@
+"""Attention for the exported decoder, registered in transformers' ``AttentionInterface``: the same
+computation as transformers' eager attention, written in ops both targets take whole.
+
+Why its own implementation: ``scaled_dot_product_attention`` decomposes (with a mask) into a
+"safe" softmax whose guard ops XNNPACK refuses, and transformers' eager attention repeats the
+key/value heads with ``expand`` and reshapes with the symbolic sequence length; each refused op
+splits the XNNPACK delegate, once per layer. Here grouped-query attention folds the query heads of
+a key/value head into the rows of one ``bmm`` (no copy of the keys), every reshape names at most one
+dynamic size (as ``-1``, which XNNPACK's reshape takes), and the mask is additive (0 or the dtype's
+minimum, transformers' eager mask). Every model keeps its own projections, rotary embedding,
+scaling and soft-capping; calls this cannot serve exactly (attention sinks, no mask, other
+layouts) go to transformers' SDPA attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ATTENTION", "dualexport_attention", "additive_mask", "exported_attention"]
+
+#: The name the implementation is registered under in transformers.
+ATTENTION = "dualexport"
+
+#: keyword arguments transformers passes that this implementation honours or that do not change
+#: the result (the window is in the mask; dropout is off in eval)
+_KNOWN = {
+    "scaling",
+    "dropout",
+    "softcap",
+    "sliding_window",
+    "position_ids",
+    "cache_position",
+    "is_causal",
+    "use_cache",
+    "output_attentions",
+    "past_key_values",
+    "layer_idx",
+}
+
+
+def _fallback(module: nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, *args, **kwargs)
+
+
+def dualexport_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``query [1, H, S, D]``, ``key``/``value [1, Hkv, T, D]`` -> ``[1, S, H, Dv]`` (the layout
+    transformers' attention functions return)."""
+    unknown = {k for k, v in kwargs.items() if v is not None and k not in _KNOWN}
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if (
+        unknown
+        or attention_mask is None
+        or attention_mask.dtype == torch.bool
+        or query.dim() != 4
+        or query.shape[0] != 1
+        or heads % kv_heads
+        or (dropout and module.training)
+    ):
+        return _fallback(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            softcap=softcap,
+            **kwargs,
+        )
+    d, t, dv = query.shape[3], key.shape[2], value.shape[3]
+    rep = heads // kv_heads
+    scale = d**-0.5 if scaling is None else scaling
+    # [1, H, S, D] -> [Hkv, rep * S, D]: the query heads that share a key/value head are rows of one
+    # matrix (heads h = g * rep + r use key/value head g, transformers' repeat_kv order). Reshapes
+    # only split or merge next to the dynamic S (merging heads across it makes torch.export guard
+    # on strides and refuse S = 1).
+    q = query.contiguous().view(kv_heads, -1, d)
+    k = key.contiguous().view(kv_heads, t, d)
+    v = value.contiguous().view(kv_heads, t, dv)
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    # the mask [1, 1, S, T] broadcasts over [Hkv, rep, S, T]
+    scores = scores.view(kv_heads, rep, -1, t) + attention_mask
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    out = torch.bmm(weights.view(kv_heads, -1, t), v).view(kv_heads, rep, -1, dv)
+    return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv), None
+
+
+def additive_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: Any = 0,
+    kv_offset: Any = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    use_vmap: bool = False,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' eager mask (0 where the model's mask function allows a key, the dtype's
+    minimum elsewhere), ``[1, 1, S, T]``, in fewer ops: the index-based mask function evaluated on
+    ``[S, 1]`` query and ``[1, T]`` key positions, then ``(allowed - 1) * max``, which XNNPACK
+    takes (``where``/``expand`` it does not). The query positions are the exported program's
+    ``cache_position`` when its cache asks (exact for any positions, and no ``arange``). Padding
+    masks and vmap-only mask functions go to transformers' own."""
+    from transformers.masking_utils import causal_mask_function, eager_mask
+
+    mask_function = mask_function or causal_mask_function
+    if attention_mask is not None or use_vmap or batch_size != 1:
+        return eager_mask(
+            batch_size=batch_size,
+            q_length=q_length,
+            kv_length=kv_length,
+            q_offset=q_offset,
+            kv_offset=kv_offset,
+            mask_function=mask_function,
+            attention_mask=attention_mask,
+            dtype=dtype,
+            use_vmap=use_vmap,
+            **kwargs,
+        )
+    from .cache import active_cache
+
+    zero = torch.zeros(1, 1, dtype=torch.long)
+    cache = active_cache()
+    if cache is not None and q_offset is cache.query_offset:  # the positions themselves
+        q_idx = cache.position_ids.view(-1, 1)
+    else:
+        q_idx = (torch.arange(q_length) + q_offset).view(-1, 1)
+    kv_idx = (torch.arange(kv_length) + kv_offset).view(1, -1)
+    allowed = mask_function(zero, zero, q_idx, kv_idx)
+    return ((allowed.to(dtype) - 1.0) * torch.finfo(dtype).max).view(1, 1, q_length, kv_length)
+
+
+def _register() -> None:
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, dualexport_attention)
+    AttentionMaskInterface.register(ATTENTION, additive_mask)
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every transformers config the model's modules read (the model's and its sub-configs)."""
+    seen: dict[int, Any] = {}
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def exported_attention(model: nn.Module) -> Iterator[bool]:
+    """Trace ``model`` with :func:`dualexport_attention` (yields whether it applies: a module
+    without a transformers config keeps its own attention); its own setting is restored after."""
+    configs = _configs(model)
+    if not configs:
+        yield False
+        return
+    _register()
+    saved = [c._attn_implementation for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation = ATTENTION
+        yield True
+    finally:
+        for c, s in zip(configs, saved, strict=True):
+            c._attn_implementation = s

@@ -1,0 +1,129 @@
+"""``dx.export_llm``: a decoder's cache-aware program, traced once, through the usual export.
+
+Why through ``dx.export``: the wrapper is an ordinary module with four tensor inputs, so the one
+trace, the shared passes, both targets, the proofs from disk, the weight manifest and the cache of
+previous sets all apply as they are; this module only builds the wrapper, its example and its
+dynamic dim, and asks each file to record the cache layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import InputError
+from ..exporters import ExportOptions
+
+__all__ = ["export_llm", "MIN_SEQ_LEN"]
+
+logger = logging.getLogger(__name__)
+
+#: The shortest window worth a program: a prefill of at least 2 tokens plus decode room.
+MIN_SEQ_LEN = 4
+
+
+def _check_max_seq_len(model: nn.Module, max_seq_len: Any) -> int:
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < MIN_SEQ_LEN:
+        raise InputError(
+            f"max_seq_len must be an int >= {MIN_SEQ_LEN}, got {max_seq_len!r}",
+            hint="pass the longest prompt plus new tokens a generate call will need, e.g. max_seq_len=512",
+        )
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) if config is not None else None
+    if isinstance(limit, int) and max_seq_len > limit:
+        raise InputError(
+            f"max_seq_len={max_seq_len} is past the model's {limit} positions (max_position_embeddings)",
+            hint=f"pass max_seq_len <= {limit}",
+        )
+    return max_seq_len
+
+
+def export_llm(
+    model: nn.Module | str | os.PathLike[str],
+    *,
+    max_seq_len: int,
+    out_dir: str | os.PathLike[str] = "dualexport_out",
+    name: str = "model",
+    target: str | Sequence[str] = ("onnx", "xnnpack"),
+    quantize: str | None = None,
+    strict: bool = False,
+    optimize: bool = True,
+    options: ExportOptions | None = None,
+) -> Any:
+    """Export a decoder for generation to ONNX and ExecuTorch/XNNPACK from one trace.
+
+    ``model``: a transformers causal LM, a user's module with the same forward
+    (``forward(input_ids, position_ids=..., past_key_values=cache)``, each attention layer calling
+    ``cache.update(key, value, layer_idx)``), or a reference :func:`~dualexport.llm.load_decoder`
+    takes (a config .json, a model folder, ``MODULE:ATTR``). The program is
+    ``forward(input_ids[1,S], cache_position[S], past_k, past_v) -> (logits, present_k,
+    present_v)`` with ``1 <= S < max_seq_len``: prefill and decode. Returns the usual
+    :class:`~dualexport.api.ExportResult`; ``dx.generate`` runs either file.
+
+    ``optimize=False`` exports the plain design: the model's own attention, the cache written with
+    ``index_copy``, no dualexport pass (what the libraries lower by themselves, for comparison).
+    """
+    from .. import api
+    from ..shared_state import ProgramTransform
+    from .attention import exported_attention
+    from .canonical import DECODER_CANONICALIZATIONS
+    from .layout import LAYOUT_KEY
+    from .loading import load_decoder
+    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
+
+    label = ""
+    if isinstance(model, (str, os.PathLike)):
+        label = str(model)
+        model = load_decoder(model)
+    if not isinstance(model, nn.Module):
+        raise InputError(
+            f"model must be a torch.nn.Module or a reference to one, got {type(model).__name__}",
+            hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
+        )
+    if quantize is not None:
+        raise InputError(
+            f"quantize={quantize!r} is not available for decoders yet: the int4/int8 path that shares "
+            "one set of codes between both files is issue 19's next step",
+            hint="export with quantize=None (fp32)",
+        )
+    max_seq_len = _check_max_seq_len(model, max_seq_len)
+    was_training = model.training
+    model.eval()
+    try:
+        layout = probe_layout(model, max_seq_len, label or type(model).__name__)
+        wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
+        args = example_inputs(layout)
+        opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
+        logger.info("decoder layout: %s", layout)
+        attention = exported_attention(model) if optimize else contextlib.nullcontext()
+        with torch.no_grad(), attention:
+            return api.export(
+                wrapper,
+                args,
+                target=target,
+                out_dir=out_dir,
+                name=name,
+                dynamic_shapes=dynamic_shapes(layout),
+                transforms=[ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS]
+                if optimize
+                else [],
+                strict=strict,
+                optimize=optimize,
+                options=opts,
+            )
+    finally:
+        model.train(was_training)
+
+
+def _with_metadata(options: ExportOptions, extra: tuple[tuple[str, str], ...]) -> ExportOptions:
+    import dataclasses
+
+    keys = {k for k, _ in extra}
+    kept = tuple((k, v) for k, v in options.file_metadata if k not in keys)
+    return dataclasses.replace(options, file_metadata=kept + extra)

@@ -1,0 +1,116 @@
+"""The cache layout of an exported decoder: what ``generate`` needs to drive a file, written into the
+file itself (ONNX ``metadata_props``, a .pte constant method) and read back from it.
+
+Why in the file: a .onnx or .pte handed to someone else must say how to feed it (how many
+layers, heads, slots, which input is which) without the Python object that made it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import ArtifactFormatError
+
+__all__ = ["LlmLayout", "LAYOUT_KEY", "INPUT_NAMES", "OUTPUT_NAMES", "read_layout"]
+
+#: The key of the layout: ONNX ``metadata_props[LAYOUT_KEY]`` and the .pte constant method of that
+#: name (returning the JSON's UTF-8 bytes as ints: a constant method returns numbers only).
+LAYOUT_KEY = "dualexport_llm"
+#: The wrapper's inputs and outputs, in order (the ONNX graph's names, the .pte's positions).
+INPUT_NAMES = ("input_ids", "cache_position", "past_k", "past_v")
+OUTPUT_NAMES = ("logits", "present_k", "present_v")
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LlmLayout:
+    """``past_k`` is ``[layers, 1, kv_heads, max_seq_len, head_dim]`` (``past_v`` with
+    ``v_head_dim``), slot ``p`` holding position ``p``; ``input_ids[1, S]`` and
+    ``cache_position[S]`` with ``1 <= S <= max_seq_len - 1``; logits ``[1, S, vocab]``."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    max_seq_len: int
+    vocab: int
+    dtype: str  # the cache's dtype, e.g. "float32"
+    sliding: tuple[bool, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+    model: str = ""
+    inputs: tuple[str, ...] = INPUT_NAMES
+    outputs: tuple[str, ...] = OUTPUT_NAMES
+    cache: str = "explicit"  # how the cache travels: "explicit" inputs and outputs
+    version: int = field(default=_VERSION)
+
+    @property
+    def max_prompt(self) -> int:
+        """The longest prefill the program takes in one call."""
+        return self.max_seq_len - 1
+
+    def cache_shape(self, values: bool = False) -> tuple[int, int, int, int, int]:
+        return (self.layers, 1, self.kv_heads, self.max_seq_len, self.v_head_dim if values else self.head_dim)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "the file") -> LlmLayout:
+        try:
+            data: Mapping[str, Any] = json.loads(text)
+            fields: dict[str, Any] = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in data.items()
+                if k in cls.__dataclass_fields__
+            }
+            layout = cls(**fields)
+        except (ValueError, TypeError) as exc:
+            raise ArtifactFormatError(
+                f"{source} has an unreadable decoder layout: {exc}",
+                hint="re-export it with dx.export_llm",
+            ) from exc
+        if layout.version > _VERSION:
+            raise ArtifactFormatError(
+                f"{source} was written by a newer dualexport (layout version {layout.version})",
+                hint="upgrade dualexport",
+            )
+        return layout
+
+    def to_method(self) -> list[int]:
+        """The JSON as the list of byte values a .pte constant method returns."""
+        return list(self.to_json().encode())
+
+
+def read_layout(path: pathlib.Path, runner: Any = None) -> LlmLayout:
+    """The layout recorded in ``path`` (a .onnx or .pte written by ``export_llm``); ``runner`` is
+    an already open runner of the file, whose metadata is read instead of opening it again."""
+    path = pathlib.Path(path)
+    text: str | None = None
+    if path.suffix == ".onnx":
+        if runner is not None:
+            text = runner.session.get_modelmeta().custom_metadata_map.get(LAYOUT_KEY)
+        else:
+            import onnx
+
+            model = onnx.load(str(path), load_external_data=False)
+            text = next((p.value for p in model.metadata_props if p.key == LAYOUT_KEY), None)
+    elif path.suffix == ".pte":
+        from executorch.runtime import Runtime
+
+        program = Runtime.get().load_program(str(path))
+        if LAYOUT_KEY in set(program.method_names):
+            text = bytes(int(v) for v in program.load_method(LAYOUT_KEY).execute([])).decode()
+    else:
+        raise ArtifactFormatError(
+            f"{path.name} is neither .onnx nor .pte", hint="pass the .onnx or .pte that export_llm wrote"
+        )
+    if text is None:
+        raise ArtifactFormatError(
+            f"{path.name} records no decoder layout: it was not written by dx.export_llm",
+            hint="export the model with dx.export_llm (or `dualexport export-llm`)",
+        )
+    return LlmLayout.from_json(text, path.name)

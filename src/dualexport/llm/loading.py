@@ -1,0 +1,74 @@
+"""A decoder from text: a transformers config ``.json`` (random, seeded weights), a local model
+folder (its weights if it has them, else random from its ``config.json``), or ``MODULE:ATTR``.
+
+Nothing is downloaded: configs and folders are read with ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import InputError
+from ..loading import allow_torchvision, load_model
+
+__all__ = ["load_decoder"]
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def _transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    allow_torchvision()
+    try:
+        import transformers
+    except ImportError as exc:
+        raise InputError(
+            "config files and model folders need transformers", hint="pip install transformers"
+        ) from exc
+    return transformers
+
+
+def _from_config(config_path: pathlib.Path, seed: int) -> nn.Module:
+    tf = _transformers()
+    try:
+        config = tf.AutoConfig.from_pretrained(str(config_path), local_files_only=True)
+    except Exception as exc:
+        raise InputError(
+            f"{config_path} is not a transformers config: {exc}",
+            hint="pass a config.json with a model_type (e.g. written by LlamaConfig().to_json_file)",
+        ) from exc
+    torch.manual_seed(seed)
+    try:
+        return tf.AutoModelForCausalLM.from_config(config).eval()
+    except Exception as exc:
+        raise InputError(
+            f"transformers has no causal LM for {type(config).__name__}: {exc}",
+            hint="export_llm takes decoders (…ForCausalLM)",
+        ) from exc
+
+
+def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0) -> nn.Module:
+    """The decoder ``ref`` names (see the module docstring); random weights are seeded by ``seed``."""
+    path = pathlib.Path(ref)
+    if path.is_dir():
+        if any((path / f).is_file() for f in _WEIGHT_FILES):
+            tf = _transformers()
+            try:
+                return tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+            except Exception as exc:
+                raise InputError(
+                    f"cannot load the model in {path}: {exc}", hint="check the folder's config and weights"
+                ) from exc
+        if (path / "config.json").is_file():
+            return _from_config(path / "config.json", seed)
+        raise InputError(f"{path} holds no config.json", hint="pass a transformers model folder")
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise InputError(f"{path} does not exist", hint="pass the path of a transformers config.json")
+        return _from_config(path, seed)
+    return load_model(str(ref))

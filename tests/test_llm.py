@@ -1,0 +1,383 @@
+"""Generative decoders (issue 19, step 1): ``dx.export_llm`` on seven transformers architectures
+(tiny configs, seeded random weights), both targets from one trace; ``dx.generate`` on each file
+against transformers' own ``generate``; teacher-forced logits; refusal past ``max_seq_len``; the
+weight proof; XNNPACK delegation; the CLI. One export per architecture, shared by its checks;
+all but Llama run in the slow suite."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import dualexport as dx
+from dualexport.errors import ArtifactFormatError, DualExportError, InputError
+from dualexport.llm import DecoderSession, SequenceTooLongError, read_layout
+from dualexport.llm.parity import StepTolerance, generation_parity
+
+T = 32  # max_seq_len of every test export
+NEW = 8  # new tokens per prompt
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+#: name -> (config class, model class, config kwargs); each exercises something the others do not
+ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", COMMON),  # GQA, rotary, RMSNorm
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", COMMON),  # q/k/v bias
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**COMMON, "head_dim": 16}),  # q/k norm
+    "mistral": ("MistralConfig", "MistralForCausalLM", {**COMMON, "sliding_window": 8}),  # window < T
+    "gemma3": (  # sliding and full layers, scaled embeddings, query_pre_attn_scalar
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {
+            **COMMON,
+            "head_dim": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {**COMMON, "pad_token_id": 0}),  # fused qkv, fused gate_up
+    # learned positions, tied head, MHA; the default init (0.02) gives one repeated token
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2),
+    ),
+}
+#: In the default run (one export, ~1.5 min of CPU on 2 cores); the other six run in `make test-slow`.
+FAST = ("llama",)
+
+
+def make_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    from dualexport.loading import allow_torchvision
+
+    allow_torchvision()
+    import transformers
+
+    cfg_name, cls_name, kwargs = ARCHS[arch]
+    config = getattr(transformers, cfg_name)(**kwargs)
+    torch.manual_seed(seed)
+    return getattr(transformers, cls_name)(config).eval()
+
+
+def prompts() -> list[list[int]]:
+    """Two prompt lengths: a short prefill and a long one (NEW tokens still fit in T)."""
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, T - NEW)]
+
+
+def hf_tokens(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    return [int(t) for t in out[0]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    arch: str
+    model: torch.nn.Module
+    res: Any
+    report: Any
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One export (and one parity report) per architecture for the whole module."""
+    done: dict[str, Exported] = {}
+
+    def get(arch: str) -> Exported:
+        if arch not in done:
+            model = make_model(arch)
+            res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path_factory.mktemp(arch), name=arch)
+            assert res.ok, dict(res.errors)
+            report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+            done[arch] = Exported(arch, model, res, report)
+        return done[arch]
+
+    return get
+
+
+@pytest.fixture(params=[pytest.param(a, marks=() if a in FAST else pytest.mark.slow) for a in ARCHS])
+def llm(request: pytest.FixtureRequest, exports: Any) -> Exported:
+    return exports(request.param)
+
+
+# ------------------------------------------------------------------------ generation parity
+def test_greedy_tokens_identical_to_transformers_generate(llm: Exported) -> None:
+    """fp32: ONNX Runtime, ExecuTorch and the shared program generate transformers' tokens,
+    for a short and a long prompt; the tokens are not one repeated id."""
+    report = llm.report
+    assert report.reference == "transformers.generate"
+    assert set(report.runtimes) == {"eager", "onnx", "xnnpack"}
+    assert len(report.prompts) == 2
+    new_ids: set[int] = set()
+    for p in report.prompts:
+        assert len(p.reference) == NEW
+        new_ids |= set(p.reference)
+        for rt, toks in p.tokens.items():
+            assert toks == p.reference, (llm.arch, rt, len(p.prompt), toks, p.reference)
+            assert p.first_divergence[rt] is None
+    assert len(new_ids) >= 3, f"{llm.arch}: flat generation {new_ids}"
+
+
+def test_teacher_forced_logits_within_tolerance(llm: Exported) -> None:
+    tol = StepTolerance()
+    for p in llm.report.prompts:
+        for rt in ("onnx", "xnnpack"):
+            m = p.teacher_forced[rt]
+            assert m.steps == NEW
+            assert m.within(tol), (llm.arch, rt, m)
+            assert m.top1_agreement == 1.0 and m.max_kl <= 1e-5 and m.max_abs <= 1e-3
+    assert llm.report.ok
+    assert '"ok": true' in llm.report.to_json()
+
+
+def test_generate_api_both_files(llm: Exported) -> None:
+    """dx.generate picks the runtime by file; tokens as transformers returns them (prompt + new),
+    and the logits that chose each new token (non-flat)."""
+    prompt = prompts()[0]
+    want = hf_tokens(llm.model, prompt, 5)
+    for target, art in llm.res.artifacts.items():
+        tokens, logits = dx.generate(art.path, prompt, max_new_tokens=5, return_logits=True)
+        assert tokens.tolist() == [want], target
+        assert tuple(logits.shape) == (5, 256)
+        assert float(logits.std()) > 1e-2
+        assert logits.argmax(-1).tolist() == want[len(prompt) :]
+
+
+def test_refuses_past_max_seq_len(llm: Exported) -> None:
+    """Prompt + new tokens up to max_seq_len runs (the cache's last slot is written); one more
+    is refused before anything runs, with what to try."""
+    prompt = prompts()[1]
+    for art in llm.res.artifacts.values():
+        session = DecoderSession.open(art.path)
+        gen = session.generate(prompt, T - len(prompt), stop_at_eos=False)
+        assert gen.tokens.shape == (1, T)
+        with pytest.raises(SequenceTooLongError) as err:
+            dx.generate(art.path, prompt, max_new_tokens=T - len(prompt) + 1)
+        assert isinstance(err.value, DualExportError)
+        assert f"max_seq_len of {T}" in str(err.value) and err.value.hint
+        with pytest.raises(SequenceTooLongError):
+            session.step([1] * T)  # one call holds at most T - 1 tokens
+
+
+def test_weights_proven_and_layout_recorded(llm: Exported) -> None:
+    check = llm.res.verify_weights()
+    assert check.exact["xnnpack"] > 0 and check.exact["onnx"] > 0
+    layouts = {t: read_layout(a.path) for t, a in llm.res.artifacts.items()}
+    assert layouts["onnx"] == layouts["xnnpack"]
+    layout = layouts["onnx"]
+    config = llm.model.config
+    assert (layout.layers, layout.max_seq_len, layout.vocab, layout.dtype) == (2, T, 256, "float32")
+    assert layout.kv_heads == getattr(config, "num_key_value_heads", 4)
+    # Mistral: a window on every layer; Gemma3: sliding then full (its layer_types)
+    assert layout.sliding == {"mistral": (True, True), "gemma3": (True, False)}.get(llm.arch, (False, False))
+
+
+#: Fused projections are split with slices of a dynamic tensor, which ExecuTorch 1.4.1's XNNPACK
+#: partitioner refuses (SliceCopyConfig takes static shapes only): one split per slice group.
+FUSED_PROJECTIONS = {"phi3": "fused qkv_proj and gate_up_proj", "gpt2": "fused c_attn"}
+
+
+def test_xnnpack_one_delegate_per_program(llm: Exported, request: pytest.FixtureRequest) -> None:
+    """Issue 19's bar: at least 90% of the nodes delegated, in at most L + 2 subgraphs (a plain
+    export of the same tiny Llama: 25 subgraphs, 49.5%)."""
+    if llm.arch in FUSED_PROJECTIONS:
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason=f"{FUSED_PROJECTIONS[llm.arch]}: XNNPACK (ExecuTorch 1.4.1) slices static shapes only",
+            )
+        )
+    d = llm.res.artifacts["xnnpack"].delegation
+    assert d.subgraphs <= 2 + 2, d.to_markdown()
+    assert d.delegated_share >= 0.90, d.to_markdown()
+    assert not {"aten_index_put_default", "aten_any_dim", "aten_mean_dim"} & set(d.non_delegated_ops())
+
+
+# --------------------------------------------------------------------- one architecture only
+@pytest.fixture
+def llama(exports: Any) -> Exported:
+    return exports("llama")
+
+
+def test_compare_runs_on_an_llm_result(llama: Exported) -> None:
+    """dx.compare on the cache-taking program: example, and every edge of S (1, T-2, T-1)."""
+    report = dx.compare(llama.res)
+    assert report.ok, report.to_markdown()
+    assert report.outputs and all(set(o.metrics) == {"onnx", "xnnpack"} for o in report.outputs)
+
+
+def test_generation_stops_at_eos(llama: Exported) -> None:
+    """Like transformers: the end-of-sequence id is emitted, then generation stops."""
+    prompt = prompts()[0]
+    free = hf_tokens(llama.model, prompt, 6)[len(prompt) :]
+    session = DecoderSession.open(llama.res.artifacts["onnx"].path)
+    session.layout = dataclasses.replace(session.layout, eos_token_ids=(free[2],))
+    stop = free.index(free[2]) + 1
+    assert session.generate(prompt, 6).new_tokens == free[:stop]
+    assert session.generate(prompt, 6, stop_at_eos=False).new_tokens == free
+
+
+def test_refusals_before_tracing(tmp_path: pathlib.Path) -> None:
+    gpt2 = make_model("gpt2")
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        dx.export_llm(gpt2, max_seq_len=128, out_dir=tmp_path / "a")
+    with pytest.raises(InputError, match="max_seq_len"):
+        dx.export_llm(gpt2, max_seq_len=2, out_dir=tmp_path / "b")
+    with pytest.raises(InputError, match="int4"):
+        dx.export_llm(gpt2, max_seq_len=16, out_dir=tmp_path / "c", quantize="int4")
+    with pytest.raises(InputError, match="past_key_values"):
+        dx.export_llm(torch.nn.Linear(4, 4), max_seq_len=16, out_dir=tmp_path / "d")
+    assert not any((tmp_path / d).exists() for d in "abcd")
+    (tmp_path / "x.onnx").write_bytes(b"")
+    with pytest.raises(InputError):
+        dx.generate(tmp_path / "missing.onnx", [1], max_new_tokens=1)
+    with pytest.raises(InputError, match="neither"):
+        dx.generate(tmp_path / "x.bin", [1], max_new_tokens=1)
+
+
+def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10),
+        tmp_path / "m.onnx",
+    )
+    with pytest.raises(ArtifactFormatError, match="export_llm"):
+        dx.generate(tmp_path / "m.onnx", [1], max_new_tokens=1)
+
+
+# ------------------------------------------------------------------ a user's own decoder module
+class UserBlock(torch.nn.Module):
+    """Attention with learned positions and SDPA, written against the cache protocol only:
+    ``cache.update(k, v, layer_idx)`` returns every slot, the mask compares slot and position."""
+
+    def __init__(self, dim: int, heads: int, layer: int) -> None:
+        super().__init__()
+        self.heads, self.layer = heads, layer
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim)
+        )
+        self.norm1, self.norm2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        k, v = cache.update(k, v, self.layer)
+        slots = torch.arange(k.shape[2])
+        mask = slots.view(1, -1) <= position_ids.view(-1, 1)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class UserDecoder(torch.nn.Module):
+    def __init__(self, vocab: int = 96, dim: int = 32, heads: int = 2, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Embedding(64, dim)
+        self.blocks = torch.nn.ModuleList(UserBlock(dim, heads, i) for i in range(layers))
+        self.head = torch.nn.Linear(dim, vocab)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values: Any
+    ) -> torch.Tensor:
+        x = self.embed(input_ids) + self.pos(position_ids)
+        for block in self.blocks:
+            x = block(x, position_ids, past_key_values)
+        return self.head(x)
+
+
+def user_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    """The module's own greedy loop on a growing transformers DynamicCache (no dualexport)."""
+    from transformers import DynamicCache
+
+    cache, ids, pos = DynamicCache(), list(prompt), 0
+    with torch.no_grad():
+        feed = prompt
+        for _ in range(n):
+            positions = torch.arange(pos, pos + len(feed)).unsqueeze(0)
+            logits = model(torch.tensor([feed]), position_ids=positions, past_key_values=cache)
+            pos += len(feed)
+            feed = [int(logits[0, -1].argmax())]
+            ids.append(feed[0])
+    return ids
+
+
+@pytest.mark.parametrize("target", ["onnx", pytest.param("xnnpack", marks=pytest.mark.slow)])
+def test_users_own_decoder_module(target: str, tmp_path: pathlib.Path) -> None:
+    """Not transformers: a module with the same forward exports and generates its own tokens."""
+    torch.manual_seed(3)
+    model = UserDecoder().eval()
+    res = dx.export_llm(model, max_seq_len=24, out_dir=tmp_path, name="user", target=target)
+    assert res.ok, dict(res.errors)
+    layout = read_layout(res.artifacts[target].path)
+    assert (layout.layers, layout.kv_heads, layout.head_dim, layout.vocab) == (2, 2, 16, 96)
+    for prompt in ([5, 9, 1], list(range(40, 56))):
+        want = user_greedy(model, prompt, 6)
+        assert len(set(want[len(prompt) :])) >= 3
+        assert dx.generate(res.artifacts[target].path, prompt, max_new_tokens=6).tolist() == [want]
+    res.verify_weights()
+
+
+# --------------------------------------------------------------------------------------- CLI
+def test_cli_generate(llama: Exported, capsys: pytest.CaptureFixture[str]) -> None:
+    """`dualexport generate FILE --ids ... -n ...` prints the tokens dx.generate returns; past
+    max_seq_len it exits 2 and says what to try."""
+    from dualexport.cli import main
+
+    for art in llama.res.artifacts.values():
+        capsys.readouterr()
+        assert main(["generate", str(art.path), "--ids", "1,2,3", "-n", "5", "--no-eos"]) == 0
+        want = dx.generate(art.path, [1, 2, 3], max_new_tokens=5, stop_at_eos=False)[0, 3:].tolist()
+        assert f"new:    {want}" in capsys.readouterr().out
+        assert main(["generate", str(art.path), "--ids", "1,2,3", "-n", str(T)]) == 2
+        printed = capsys.readouterr().out
+        assert "max_seq_len" in printed and "What to try" in printed
+
+
+@pytest.mark.slow
+def test_cli_export_llm_from_a_config_file(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dualexport export-llm CONFIG.json --compare` (the README's command): a folder the
+    generate command runs, generation parity written beside it."""
+    import json
+
+    from dualexport.cli import main
+
+    out = tmp_path / "out"
+    config = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tiny_llama.json"
+    code = main(["export-llm", str(config), "--max-seq-len", "16", "--out", str(out), "--compare"])
+    assert code == 0, capsys.readouterr().out
+    assert {"model.onnx", "model.pte", "model.weights.json", "model.generation.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert json.loads((out / "model.generation.json").read_text())["ok"] is True
+    capsys.readouterr()
+    assert main(["generate", str(out / "model.pte"), "--ids", "1,2,3", "-n", "5"]) == 0
+    assert "new:" in capsys.readouterr().out
