@@ -119,3 +119,30 @@ def test_output_folder_holds_only_complete_artifacts(convbn: dx.ExportResult) ->
     assert not [n for n in names if "staging" in n or n.endswith(".tmp")], names
     for suffix in (".onnx", ".pte", ".weights.json", ".pt2", ".delegation.json", ".inputs.npz"):
         assert f"cb{suffix}" in names
+
+
+class _ConstantWeight(torch.nn.Module):
+    """A plain tensor attribute (a lifted constant, not a parameter) used by a delegated linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.randn(8, 8)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(self.fc(x), self.w)
+
+
+def test_lowering_leaves_the_holders_constants_alone(tmp_path: pathlib.Path) -> None:
+    """ExecuTorch 1.4.1 removes the constants a delegate consumes from the lowered program's
+    dict; the XNNPACK lowering works on dicts of its own, so the shared program keeps ``w``, the
+    link stays (one dict), and the program is saved and proven."""
+    torch.manual_seed(0)
+    res = dx.export(_ConstantWeight().eval(), (torch.randn(2, 8),), out_dir=tmp_path, name="m", cache=False)
+    assert not res.errors, {t: str(e) for t, e in res.errors.items()}
+    assert "w" in res.program.constants
+    dec = res.program.decomposed["xnnpack"]
+    assert dec.state_dict is res.program.state_dict and dec.constants is res.program.constants
+    assert (tmp_path / "m.pt2").is_file()
+    res.verify_weights()
+    assert dx.compare(res).ok

@@ -28,7 +28,7 @@ from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, we
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
-from .xnnpack_fixes import xnnpack_workarounds
+from .xnnpack_fixes import own_dicts, xnnpack_workarounds
 from .xnnpack_rewrites import REWRITES, rewrite_table
 
 __all__ = [
@@ -212,7 +212,7 @@ class XnnpackExporter:
     ) -> LoweredTarget:
         # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
         # buffers next to parameters that require grad (a KV cache beside Linear weights).
-        with torch.no_grad(), size_oblivious(), xnnpack_workarounds():
+        with torch.no_grad(), size_oblivious(), xnnpack_workarounds(), own_dicts(decomposed):
             return self._lower(decomposed, staging, name, options)
 
     def _lower(
@@ -319,7 +319,13 @@ def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None
     ``edit`` sees the edge program manager before serialization (e.g. to strip taps)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    with torch.no_grad(), size_oblivious(), pruned_backend_passes(), xnnpack_workarounds():
+    with (
+        torch.no_grad(),
+        size_oblivious(),
+        pruned_backend_passes(),
+        xnnpack_workarounds(),
+        own_dicts(program),
+    ):
         edge = to_edge_transform_and_lower(program, partitioner=[_xnnpack_partitioner()])
         if edit is not None:
             edit(edge)

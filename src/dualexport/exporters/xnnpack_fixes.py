@@ -30,7 +30,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights"]
+__all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights", "own_dicts"]
 
 _MODULES = (
     "executorch.backends.xnnpack._passes.fuse_batch_norm",
@@ -94,3 +94,22 @@ def xnnpack_workarounds(share_weights: bool = True) -> Iterator[None]:
                 for name, fn in _ORIGINAL.items():
                     vars(importlib.import_module(name))["copy" if name == _BACKEND_API else _NAME] = fn
                 _ORIGINAL.clear()
+
+
+@contextlib.contextmanager
+def own_dicts(program: Any) -> Iterator[None]:
+    """The lowering gets dicts of its own holding the same tensors.
+
+    Why: ExecuTorch 1.4.1 removes every lifted constant a delegate consumes from the lowered
+    program's constants dict, and XNNPACK's decomposed program shares the holder's dicts
+    (``shared_state/links.py``): a plain tensor attribute used by a delegated linear
+    (``self.w = torch.randn(8, 8)``) vanished from the shared program, which then could not be
+    saved (``SpecViolationError: Constant tensor w is not in the constants dictionary``). The
+    link is restored afterwards, so ``decomposed.state_dict is holder.state_dict`` still holds
+    and every tensor is still the holder's object."""
+    state_dict, constants = program._state_dict, program._constants
+    program._state_dict, program._constants = dict(state_dict), dict(constants)
+    try:
+        yield
+    finally:
+        program._state_dict, program._constants = state_dict, constants
