@@ -46,12 +46,14 @@ def _recv(conn: Any) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _child_setup() -> None:
+def _child_setup(target: str) -> None:
     import faulthandler
     import os
 
     faulthandler.disable()  # a crash here is reported by the parent, not dumped by the child
     torch.set_num_threads(1)  # libgomp deadlocks in a forked child once the parent used OpenMP
+    if target != "xnnpack":  # importing ExecuTorch's runtime costs seconds an ONNX child never needs
+        return
     with contextlib.suppress(Exception):  # pthreadpool's workers did not survive the fork
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
@@ -67,7 +69,7 @@ def _child_setup() -> None:
 
 def _serve(conn: Any, target: str, path: str, lean: bool) -> None:
     """The child: open the runner, report its attributes, then run requests until closed."""
-    _child_setup()
+    _child_setup(target)
     from . import open_runner
 
     try:
@@ -192,8 +194,8 @@ class IsolatedRunner:
             self.close()
 
 
-def _call(conn: Any, fn: Any, args: tuple[Any, ...]) -> None:
-    _child_setup()
+def _call(conn: Any, fn: Any, args: tuple[Any, ...], target: str) -> None:
+    _child_setup(target)
     try:
         _send(conn, ("ok", fn(*args)))
     except BaseException as exc:
@@ -205,7 +207,7 @@ def call_isolated(fn: Any, *args: Any, target: str, what: str) -> Any:
     its return value, its exception, or the target's error naming the signal it died of."""
     ctx = multiprocessing.get_context("fork")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_call, args=(child, fn, args), daemon=True)
+    proc = ctx.Process(target=_call, args=(child, fn, args, target), daemon=True)
     proc.start()
     child.close()
     try:
