@@ -38,6 +38,7 @@ def main() -> None:
     from _models import encoder
 
     model, args = encoder()
+    args = (args[0].expand(2, -1, -1).contiguous(),)  # a dynamic batch needs an example of at least 2
     torch.manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
