@@ -186,7 +186,7 @@ def quantize_shared(
         )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from .quantizer import make_quantizer
+    from .quantizer import make_quantizer, one_dynamic_quantization_per_linear
     from .transforms import ProgramTransform
 
     example = (tuple(shared.example_args), dict(shared.example_kwargs))
@@ -210,6 +210,8 @@ def quantize_shared(
             for args, kwargs in sets or [example]:
                 prepared(*args, **kwargs)
         converted = convert_pt2e(prepared)
+        if dynamic:
+            one_dynamic_quantization_per_linear(converted)
         try:
             return torch.export.export(
                 converted,

@@ -28,7 +28,10 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from torchao.quantization.pt2e import PlaceholderObserver
 from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
 
-__all__ = ["IntegerSafeQuantizer", "make_quantizer", "float_scalars_to_attrs", "is_float_node"]
+__all__ = [
+    "one_dynamic_quantization_per_linear",
+    "share_through_moves",
+    "IntegerSafeQuantizer", "make_quantizer", "float_scalars_to_attrs", "is_float_node"]
 
 _SCALAR_OPS = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
 
@@ -133,6 +136,83 @@ def sentinel_nodes(model: torch.fx.GraphModule, sets: Sequence[tuple[Any, ...]])
     return found
 
 
+#: Value-moving ops whose output must keep its input's quantization that ExecuTorch's
+#: ``propagate_annotation`` misses in the pre-dispatch ATen it is run on (it lists
+#: ``slice_copy``, not ``slice.Tensor``).
+_MOVES = frozenset(
+    {
+        torch.ops.aten.slice.Tensor,
+        torch.ops.aten.select.int,
+        torch.ops.aten.squeeze.dims,
+        torch.ops.aten.squeeze.default,
+        torch.ops.aten.unsqueeze.default,
+    }
+)
+
+
+def share_through_moves(model: torch.fx.GraphModule) -> None:
+    """Give each slice/select/(un)squeeze of a quantized value its input's quantization.
+
+    Why: left unannotated, a slice between a quantized value and a ``cat`` gets the cat's
+    parameters on its output, and XNNPACK's partitioner delegates it as a quantized slice whose
+    input and output scales differ, which XNNPACK refuses when the program loads ("Failed to
+    create static slice node ... xnn_status_invalid_parameter": every int8 Llama, at
+    ``rotate_half``). Sharing makes the slice exact in int8."""
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, SharedQuantizationSpec
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+    for n in model.graph.nodes:
+        if n.op != "call_function" or n.target not in _MOVES or not isinstance(n.args[0], torch.fx.Node):
+            continue
+        prev = n.args[0]
+        prev_annotation = prev.meta.get(Q_ANNOTATION_KEY)
+        if prev_annotation is None or prev_annotation.output_qspec is None:
+            continue
+        if Q_ANNOTATION_KEY in n.meta and n.meta[Q_ANNOTATION_KEY]._annotated:
+            continue
+        shared = SharedQuantizationSpec(prev)
+        n.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(
+            input_qspec_map={prev: shared}, output_qspec=shared, _annotated=True
+        )
+
+
+def one_dynamic_quantization_per_linear(model: torch.fx.GraphModule) -> int:
+    """Give every dynamically quantized linear its own ``choose_qparams -> quantize ->
+    dequantize`` chain (PT2E shares one among the linears that read the same value: attention's
+    q/k/v projections); the number of chains added.
+
+    Why: ExecuTorch's XNNPACK partitioner takes a dynamic linear with its own chain; a shared
+    one leaves the chain's ``getitem`` outputs outside the delegate and splits it (a tiny BERT:
+    3 subgraphs instead of 1, Llama 5). ONNX Runtime quantizes the activation inside each
+    ``DynamicQuantizeMatMul`` anyway. The values are the same: each chain computes the same
+    parameters from the same input."""
+    qd = torch.ops.quantized_decomposed
+    added = 0
+    graph = model.graph
+    for dq in list(graph.nodes):
+        if dq.op != "call_function" or dq.target != qd.dequantize_per_tensor.tensor or len(dq.users) < 2:
+            continue
+        q = dq.args[0]
+        scale = dq.args[1]
+        if not (isinstance(q, torch.fx.Node) and isinstance(scale, torch.fx.Node) and scale.args):
+            continue
+        choose = scale.args[0]
+        if not (isinstance(choose, torch.fx.Node) and choose.target == qd.choose_qparams.tensor):
+            continue
+        chain = [choose, *[u for u in choose.users], q, dq]  # choose, getitems, q, dq
+        for user in list(dq.users)[1:]:
+            mapping: dict[torch.fx.Node, torch.fx.Node] = {}
+            with graph.inserting_before(user):
+                for old in chain:
+                    mapping[old] = graph.node_copy(old, lambda a: mapping.get(a, a))
+            user.replace_input_with(dq, mapping[dq])
+            added += 1
+    if added:
+        graph.lint()
+        model.recompile()
+    return added
+
+
 #: Ops the dynamic scheme leaves in float although XNNPACK could quantize them dynamically:
 #: ONNX Runtime has no int8-weight dynamic convolution (ConvInteger takes uint8 weights).
 _DYNAMIC_SKIPPED = frozenset(
@@ -161,6 +241,15 @@ class IntegerSafeQuantizer(XNNPACKQuantizer):  # type: ignore[misc]
         model = float_scalars_to_attrs(model)
         self.left_float = sentinel_nodes(model, self.scan_sets) if self.scan_sets else set()
         self._graph = model.graph
+        return model
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import propagate_annotation
+
+        model = super().annotate(model)
+        for _ in range(3):  # chains of moves: select -> view -> slice
+            share_through_moves(model)
+            propagate_annotation(model)
         return model
 
     def accepts(self, node: torch.fx.Node) -> bool:
