@@ -79,7 +79,9 @@ def _registry(opset: int = 18) -> Any:
     import torch.ao.quantization.fx._decomposed  # noqa: F401
     from torch.onnx._internal.exporter import _registration
 
-    return _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18))
+    from .onnx_int8 import register_int8_translations
+
+    return register_int8_translations(_registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18)))
 
 
 def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.Node]:
@@ -155,7 +157,10 @@ class OnnxExporter:
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         from torch.onnx._internal.exporter import _core
 
+        from .onnx_int8 import fuse_dynamic_linears
+
         dec = _core._prepare_exported_program_for_export(program, registry=self.registry(options))
+        fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
         return dec
 

@@ -45,11 +45,18 @@ def _rules() -> Any:
 def _keep_quantization(node: Any) -> bool | None:
     """Never fold a (De)QuantizeLinear: folding the dequantize of a constant int8 weight would
     store the weight as float and take the int8 kernels away from ONNX Runtime. Nor a Cast of a
-    stored tensor (an int64 zero point cast to int8): the file keeps the program's own bytes, and
-    ONNX Runtime folds the cast when it loads."""
+    stored tensor (an int64 zero point cast to int8), nor the Transpose of stored int8 codes (an
+    int8-dynamic MatMulInteger's weight): the file keeps the program's own bytes, the same codes
+    as the .pte, and ONNX Runtime folds the cast or transpose when it loads."""
+    import onnx_ir as ir
+
     if node.op_type in ("DequantizeLinear", "QuantizeLinear"):
         return False
     if node.op_type == "Cast" and any(v is not None and v.is_initializer() for v in node.inputs):
+        return False
+    if node.op_type == "Transpose" and any(
+        v is not None and v.is_initializer() and v.dtype == ir.DataType.INT8 for v in node.inputs
+    ):
         return False
     return None
 

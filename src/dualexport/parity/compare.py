@@ -70,9 +70,9 @@ def run_parity(
     outputs: list[OutputParity] = []
     errors: dict[str, str] = {}
     failing: dict[str, list[torch.Tensor]] = {}  # runtime -> flat inputs of its first failing set
-    from ..shared_state.quantize import output_quant_steps
+    from ..shared_state.quantize import quantized_outputs
 
-    quant_steps = output_quant_steps(program)
+    quant_steps = quantized_outputs(program)
     flats = []
     for set_label, args, kwargs in input_sets:
         flat = flatten_inputs(program, args, kwargs)

@@ -31,15 +31,17 @@ def output_tolerance(
     index: int,
     dtype: torch.dtype,
     *,
-    quant_steps: Mapping[int, float],
+    quant_steps: Mapping[int, float | None],
     noise: Mapping[int, float],
     rtol: float | None = None,
     atol: float | None = None,
     overrides: Mapping[int, tuple[float, float]] | None = None,
 ) -> Tolerance:
     """The tolerance of output ``index`` of ``runtime``: a user's per-output override, else the
-    user's rtol/atol, else one quantization step / the reference's own noise for an int8 output,
-    else the table's (parity/tolerances.py)."""
+    user's rtol/atol, else one quantization step / the reference's own noise for an output of an
+    int8 program computed from quantized values (``quant_steps``, from
+    ``shared_state.quantize.quantized_outputs``: its step, or None), else the table's
+    (parity/tolerances.py)."""
     o_rtol, o_atol = (overrides or {}).get(index, (rtol, atol))
     if index in quant_steps and o_rtol is None and o_atol is None:
         return quantized_tolerance(quant_steps[index], noise.get(index))

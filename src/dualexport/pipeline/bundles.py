@@ -69,7 +69,7 @@ def _sha(path: pathlib.Path) -> str:
 
 
 def _tolerances(
-    target: str, outputs: Sequence[torch.Tensor], quant_steps: Mapping[int, float]
+    target: str, outputs: Sequence[torch.Tensor], quant_steps: Mapping[int, float | None]
 ) -> list[dict[str, Any]]:
     """The parity table's tolerance of each output: an int8 program's quantized outputs get
     ``quantized_tolerance`` (one step, or the SNR cap: no float model on the device), as
@@ -84,6 +84,7 @@ def _tolerances(
                 "scale": tol.scale,
                 "min_snr_db": tol.min_snr_db,
                 "or_snr_db": tol.or_snr_db,
+                "elementwise": tol.elementwise,
                 "source": tol.source,
             }
         )
@@ -149,10 +150,10 @@ def write_bundles(
     example: list[torch.Tensor],
 ) -> dict[str, Any]:
     """Write each published target's bundle into the set's folder; the manifest record."""
-    from ..shared_state.quantize import output_quant_steps
+    from ..shared_state.quantize import quantized_outputs
 
     cases = bundle_sets(shared, example)
-    steps = output_quant_steps(shared.exported_program)
+    steps = quantized_outputs(shared.exported_program)
     record: dict[str, Any] = {"sets": [label for label, _, _ in cases]}
     if "xnnpack" in published:
         bpte = set_dir / f"{name}{BPTE_SUFFIX}"

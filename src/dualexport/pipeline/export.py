@@ -71,6 +71,7 @@ def _capture(
     quantize: str | None,
     calibration: Iterable[tuple[Any, ...]] | None,
     options: ExportOptions,
+    targets: Sequence[str],
 ) -> SharedProgram:
     """Trace once; then the user's transforms, quantization, and dualexport's shared passes
     (canonicalizations and constant folding run last, on the program both targets get). A given
@@ -85,7 +86,7 @@ def _capture(
     if quantize is not None:
         from ..shared_state.quantize import quantize_shared
 
-        quantize_shared(shared, quantize, calibration)
+        quantize_shared(shared, quantize, calibration, targets=targets)
     passes = shared_passes(options)
     if passes:
         shared.apply_passes(passes)
@@ -136,7 +137,9 @@ def export_set(
     bundle: bool = False,
 ) -> SetResult:
     t0 = time.perf_counter()
-    shared = _capture(model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, options)
+    shared = _capture(
+        model, args, kwargs, dynamic_shapes, transforms, quantize, calibration, options, targets
+    )
     if bundle:
         from .bundles import check_bundleable
 

@@ -278,7 +278,16 @@ class TargetJob:
         from ..exporters.patch import patch_files, plan_patch
 
         info, prev, staging = self._info(), self.previous, self._staging
-        if not info or info.get("structure_key") != self.keys.structure or prev is None or staging is None:
+        if not info or prev is None or staging is None:
+            return None
+        if info.get("structure_key") != self.keys.structure:
+            quantized = self.shared.quantization is not None
+            self._because = "weights-only patch impossible: the program changed beyond its weights" + (
+                " (an int8 program's activation scales and the weights it quantizes are part of "
+                "its graph: new weights quantize to a new graph)"
+                if quantized
+                else " (graph, ranges or options)"
+            )
             return None
         program = self.shared.exported_program
         plan = plan_patch(

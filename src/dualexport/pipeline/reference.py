@@ -45,8 +45,9 @@ class Reference:
 
     sets: tuple[ProofSet, ...]
     stateful: bool
-    #: int8 programs: per output index, its quantization step
-    quant_steps: Mapping[int, float] = field(default_factory=dict)
+    #: int8 programs: per output computed from quantized values, its quantization step (None:
+    #: float after the last dequantize)
+    quant_steps: Mapping[int, float | None] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -55,12 +56,12 @@ def reference_sets(
 ) -> Reference:
     """Run the shared program eagerly on the example and on inputs at each edge (each from a
     fresh state when the program is stateful)."""
-    from ..shared_state.quantize import output_quant_steps
+    from ..shared_state.quantize import quantized_outputs
 
     t0 = time.perf_counter()
     program = shared.exported_program
     stateful = is_stateful(program)
-    quant_steps = output_quant_steps(program)
+    quant_steps = quantized_outputs(program)
     eager = EagerRunner(program, shared.example_args, shared.example_kwargs)
     floats = (
         EagerRunner(shared.float_program, shared.example_args, shared.example_kwargs)

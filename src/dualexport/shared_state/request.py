@@ -136,14 +136,18 @@ def _check_tensor(path: str, x: torch.Tensor) -> None:
 
 
 def _check_quantize(quantize: Any, calibration: Any) -> None:
-    if quantize not in (None, "int8"):
-        raise InputError(f"quantize={quantize!r} is not supported", hint="use quantize=None or 'int8'")
-    if quantize is None:
+    if quantize not in (None, "int8", "int8-dynamic"):
+        raise InputError(
+            f"quantize={quantize!r} is not supported",
+            hint="use quantize=None, 'int8' (static, calibrated) or 'int8-dynamic' (no calibration)",
+        )
+    if quantize is None or (quantize == "int8-dynamic" and calibration is None):
         return
     if calibration is None:
         raise InputError(
             "quantize='int8' needs calibration data",
-            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs",
+            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs, or use "
+            "quantize='int8-dynamic' (activations quantized at run time, no calibration)",
         )
     if isinstance(calibration, (torch.Tensor, str, bytes)) or not isinstance(calibration, Iterable):
         raise InputError(

@@ -257,11 +257,12 @@ def locate_pte(
     copies: dict[str, list[WeightLocation]] = {e.name: [] for e in entries}
     claimed: set[str] = set()
     for e in entries:
-        if e.sha256 in store.named:
-            claimed.add(e.sha256)
+        key = store.named_key(e.sha256)
+        if key is not None:
+            claimed.add(key)
             copies[e.name].append(
                 WeightLocation(
-                    "exact", f"named_data:{e.sha256}", checked="sha256 of the XNNPACK named data (its key)"
+                    "exact", f"named_data:{key}", checked="sha256 of the XNNPACK named data (its key)"
                 )
             )
         for idx in store.constants_holding(e.sha256, e.nbytes):

@@ -20,6 +20,9 @@ from typing import Any
 from ..errors import ArtifactFormatError, ArtifactIOError
 from ..outputs.paths import safe_child
 
+#: XNNPACK keys the per-channel scales of int8 weights ``scale_<sha256>`` (node_visitor.py)
+SCALE_KEY_PREFIX = "scale_"
+
 __all__ = [
     "OnnxTensors",
     "PteTensors",
@@ -28,6 +31,7 @@ __all__ = [
     "read_ptd",
     "check_pte_header",
     "file_extent",
+    "SCALE_KEY_PREFIX",
 ]
 
 
@@ -65,8 +69,16 @@ class PteTensors:
     _prefix_cache: dict[tuple[int, int], str] = field(default_factory=dict, repr=False)
 
     def named_ok(self, key: str) -> bool:
-        """The named blob exists and its bytes still hash to its key (XNNPACK's keying rule)."""
-        return self.named.get(key) == key
+        """The named blob exists and its bytes still hash to its key (XNNPACK's keying rule:
+        the sha256, or ``scale_<sha256>`` for per-channel quantization scales)."""
+        return self.named.get(key) == key.removeprefix(SCALE_KEY_PREFIX)
+
+    def named_key(self, sha: str) -> str | None:
+        """The named data key under which XNNPACK stores bytes of digest ``sha``, if any."""
+        for key in (sha, SCALE_KEY_PREFIX + sha):
+            if key in self.named:
+                return key
+        return None
 
     def constant_sha(self, index: int, nbytes: int) -> str | None:
         """sha256 of the first ``nbytes`` of constant buffer ``index`` (buffers are padded)."""

@@ -14,6 +14,7 @@ import torch
 from ..errors import WeightMismatchError
 from ..shared_state.tensor_bytes import tensor_sha256
 from .locate import permuted_sha256
+from .readers import SCALE_KEY_PREFIX
 from .manifest import FAILING_STATUSES, WeightEntry, WeightLocation, WeightManifest
 from .readers import read_onnx, read_pte
 
@@ -43,7 +44,7 @@ def _copy_ok(target: str, store: Any, e: WeightEntry, loc: WeightLocation) -> bo
     if target == "onnx":
         return kind == "initializer" and store.sha256.get(ref.split("@")[0]) == expected
     if kind == "named_data":
-        return ref == expected and store.named_ok(ref)
+        return ref.removeprefix(SCALE_KEY_PREFIX) == expected and store.named_ok(ref)
     if kind == "constant_buffer":
         idx = int(ref)
         return store.bound(idx, e.nbytes) and store.constant_sha(idx, e.nbytes) == expected
