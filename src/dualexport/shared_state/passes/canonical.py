@@ -23,12 +23,15 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
+from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of
 
-__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "CANONICALIZATIONS"]
+__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "IndexAsView", "CANONICALIZATIONS"]
 
 aten = torch.ops.aten
 
@@ -142,6 +145,73 @@ class ExplicitPoolArgs(ProgramPass):
                 node.args, node.kwargs = new_args, {}
                 changed = True
         if changed:
+            _finish(program)
+        return program
+
+
+def _arange_position(program: ExportedProgram, index: object, size: object, rank: int) -> int | None:
+    """Where ``index`` (an ``aten.index`` index tensor of rank ``rank``) holds ``arange(size)``:
+    the one dim that is not 1, for a constant with those values or an ``arange`` node (plus 0)
+    seen through ``unsqueeze``/``view``; None otherwise."""
+    if not isinstance(index, torch.fx.Node):
+        return None
+    val = index.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != rank or val.dtype not in (torch.int64, torch.int32):
+        return None
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    wide = [d for d, s in enumerate(val.shape) if not statically_known_true(s == 1)]
+    if len(wide) != 1 or not statically_known_true(val.shape[wide[0]] == size):
+        return None
+    value = constant_value(program, index)
+    if value is not None:
+        flat = value.reshape(-1)
+        return wide[0] if torch.equal(flat, torch.arange(flat.numel(), dtype=flat.dtype)) else None
+    node: Any = index
+    while node.op == "call_function" and node.target in (aten.unsqueeze.default, *_VIEWS):
+        node = node.args[0]
+    if node.op == "call_function" and node.target is aten.add.Tensor and node.args[1] == 0:
+        node = node.args[0]
+    if node.op != "call_function" or node.target is not aten.arange.default or len(node.args) != 1:
+        return None
+    return wide[0]
+
+
+class IndexAsView(ProgramPass):
+    """``x[i0, i1, ...]`` whose index tensors are ``arange(x.shape[d])`` each broadcast along
+    its own dim, in order, is ``x`` with size-1 dims inserted: ``unsqueeze`` ops instead of a
+    gather (transformers' padding-mask expansion, ``mask[batch_idx, None, None, kv_idx]``)."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        for node in list(program.graph.nodes):
+            if node.op != "call_function" or node.target is not aten.index.Tensor:
+                continue
+            x, indices = node.args[0], node.args[1]
+            xv, out = x.meta.get("val"), node.meta.get("val")
+            if not isinstance(out, torch.Tensor) or not isinstance(xv, torch.Tensor):
+                continue
+            if len(indices) != xv.dim() or any(i is None for i in indices):
+                continue
+            positions = [_arange_position(program, i, xv.shape[d], out.dim()) for d, i in enumerate(indices)]
+            if any(p is None for p in positions) or positions != sorted(set(positions)):  # type: ignore[type-var]
+                continue
+            view = x
+            with program.graph.inserting_before(node):
+                for d in range(out.dim()):
+                    if d not in positions:
+                        view = call(
+                            program.graph, aten.unsqueeze.default, (view, d), fake_mode=fake_mode_of(program)
+                        )
+            node.replace_all_uses_with(view)
+            program.graph.erase_node(node)
+            changed = True
+        if changed:
+            program.graph.eliminate_dead_code()
+            drop_dead_constants(program)
             _finish(program)
         return program
 
