@@ -279,7 +279,11 @@ def _inserted_dims(mask: torch.fx.Node) -> tuple[torch.fx.Node, list[int]]:
     """``mask`` as ``unsqueeze``s (none at the last dim) of a source: (source, dims in order)."""
     dims: list[int] = []
     src: Any = mask
-    while src.op == "call_function" and src.target is aten.unsqueeze.default and isinstance(src.args[0], torch.fx.Node):
+    while (
+        src.op == "call_function"
+        and src.target is aten.unsqueeze.default
+        and isinstance(src.args[0], torch.fx.Node)
+    ):
         rank = src.meta["val"].dim()
         dim = src.args[1] % rank
         if dim == rank - 1:
