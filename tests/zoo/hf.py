@@ -176,7 +176,13 @@ HF_CASES: tuple[Case, ...] = (
     Case(
         "hf_llama_eager",
         _build(
-            "LlamaConfig", "LlamaForCausalLM", ("input_ids",), 1, attention="eager", **_TEXT, num_key_value_heads=1
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            ("input_ids",),
+            1,
+            attention="eager",
+            **_TEXT,
+            num_key_value_heads=1,
         ),
         lambda: ((_ids(100),), {}),
         description="hf_llama with eager attention (attn_implementation='eager', the extra case)",

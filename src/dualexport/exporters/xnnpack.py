@@ -29,6 +29,7 @@ from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 from .xnnpack_fixes import xnnpack_workarounds
+from .xnnpack_partitions import VIEW_OF
 from .xnnpack_rewrites import pipeline_names, rewrite_table, run_pipeline
 
 __all__ = ["XnnpackExporter", "weight_notes", "size_oblivious", "lower_to_buffer", "release_lowered_payloads"]
@@ -325,5 +326,5 @@ def _kept_tensors(lowered: ExportedProgram) -> dict[str, Any]:
     for source in (lowered.state_dict, lowered.constants):
         for key, value in source.items():
             if isinstance(value, torch.Tensor):
-                out[key] = value
+                out[key] = getattr(value, VIEW_OF, value)  # an untied view: the holder's tensor
     return out

@@ -197,8 +197,10 @@ def _plan(program: ExportedProgram, node: torch.fx.Node) -> _Plan | None:
     hk = k.meta["val"].shape[1]
     if not isinstance(hk, int) or hk < 1 or h % hk:
         return None
-    if hk != h and k is node.args[1] and not argument(node, "enable_gqa", False):
-        return None
+    if hk not in (h, 1) and k is node.args[1] and not argument(node, "enable_gqa", False):
+        return None  # torch refuses it too; one key/value head broadcasts (Falcon's multi-query)
+    if not all(str(t.meta["val"].shape[0]) == str(qv.shape[0]) for t in (k, v)):
+        return None  # a batch broadcast of the keys: not the grouped layout
     g = h // hk
     mask = argument(node, "attn_mask")
     causal = bool(argument(node, "is_causal", False))

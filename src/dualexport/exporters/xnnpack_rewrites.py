@@ -19,6 +19,7 @@ The rewrites are entries of the XNNPACK decomposition table (``XnnpackExporter.d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.fold import fold_constants
 from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
 from .xnnpack_dynamic import DYNAMIC_PASSES
+from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
 
 __all__ = [
     "decompose_layer_norm",
@@ -86,6 +88,37 @@ def _layer_norm(
     if bias is not None:
         y = y + bias
     return y.reshape(x.shape)
+
+
+def _group_norm(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    cudnn_enabled: bool = True,
+) -> Any:
+    """GroupNorm as XNNPACK ops, as ``_layer_norm`` does: each group's values seen as
+    ``[N * G, 1, 1, M]`` and normalized by two global average pools, then the per-channel affine
+    (wav2vec2-style speech encoders normalize their first convolution so; XNNPACK has no group
+    norm node and the op split the delegate)."""
+    if x.dtype != torch.float32 or x.dim() < 2 or not _static(x.shape[1:]) or not _viewable(x.shape):
+        return NotImplemented
+    c = x.shape[1]
+    if c % num_groups:
+        return NotImplemented
+    m = (c // num_groups) * math.prod(x.shape[2:])
+    x4 = x.reshape(-1, 1, 1, m)
+    mean = aten.mean.dim(x4, [2, 3], True)
+    xc = x4 - mean
+    var = aten.mean.dim(xc * xc, [2, 3], True)
+    y = (xc * aten.rsqrt.default(var + eps)).reshape(x.shape)
+    affine = [c] + [1] * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.reshape(affine)
+    if bias is not None:
+        y = y + bias.reshape(affine)
+    return y
 
 
 def _hardsigmoid(x: torch.Tensor) -> Any:
@@ -195,6 +228,27 @@ def _select(x: torch.Tensor, dim: int, index: int) -> Any:
     return aten.slice.Tensor(x, dim, index, index + 1).reshape(out_shape)
 
 
+def _strided_slice(x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """``x[..., a::k]`` (every ``k``-th element along a static dim that ``k`` divides, from ``a``
+    below ``k`` to the end) as a view that splits the dim into ``[n / k, k]``, a one-wide slice of
+    the new inner dim and a view back: XNNPACK's slice takes stride 1 only (Cohere's
+    interleaved rotary embedding reads ``x[..., ::2]`` and ``x[..., 1::2]``)."""
+    if not isinstance(step, int) or step <= 1 or not _viewable(x.shape) or x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    start = 0 if start is None else start
+    if not isinstance(n, int) or not isinstance(start, int) or n % step:
+        return NotImplemented
+    start = start + n if start < 0 else start
+    if not 0 <= start < step or not (end is None or (isinstance(end, int) and end >= n)):
+        return NotImplemented
+    shape = list(x.shape)
+    split = aten.view.default(x, [*shape[:dim], n // step, step, *shape[dim + 1 :]])
+    picked = aten.slice.Tensor(split, dim + 1, start, start + 1)
+    return aten.view.default(picked, [*shape[:dim], n // step, *shape[dim + 1 :]])
+
+
 def _expand(x: torch.Tensor, size: Sequence[Any], *, implicit: bool = False) -> Any:
     """An ``expand`` to the tensor's own shape is the identity: a ``view``, not a copy. One that
     broadcasts a single size-1 dim ``n`` times (grouped-query attention repeating its key/value
@@ -244,8 +298,20 @@ def _split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
 
 def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> Any:
     """A ``cat`` that repeats an input (rotary embeddings' ``cat((freqs, freqs))``) with distinct
-    views of it: XNNPACK counts a concatenation's distinct inputs and refuses one."""
-    if len({id(t) for t in tensors}) == len(tensors) or not all(_viewable(t.shape) for t in tensors):
+    views of it: XNNPACK counts a concatenation's distinct inputs and refuses one. Inputs empty
+    along ``dim`` are dropped, and a ``cat`` of one input is that input (Phi-3's partial rotary
+    concatenates an empty pass-through part)."""
+    if not tensors or not all(_viewable(t.shape) for t in tensors):
+        return NotImplemented
+    d = dim % tensors[0].dim() if tensors[0].dim() else 0
+    kept = [t for t in tensors if not (t.dim() > d and isinstance(t.shape[d], int) and t.shape[d] == 0)]
+    if len(kept) != len(tensors) and kept:
+        if len(kept) == 1:
+            return aten.view.default(kept[0], list(kept[0].shape))
+        tensors = kept
+        if len({id(t) for t in tensors}) == len(tensors):
+            return aten.cat.default(list(tensors), dim)
+    if len({id(t) for t in tensors}) == len(tensors):
         return NotImplemented
     seen: set[int] = set()
     parts = []
@@ -316,7 +382,10 @@ def _scalar_as_tensor_op(op: Any) -> Callable[..., Any]:
 
 
 #: op -> rewrite; grouped so a user can pick a subset.
-decompose_layer_norm: dict[Any, Callable[..., Any]] = {aten.layer_norm.default: _layer_norm}
+decompose_layer_norm: dict[Any, Callable[..., Any]] = {
+    aten.layer_norm.default: _layer_norm,
+    aten.group_norm.default: _group_norm,
+}
 #: SDPA itself is rewritten by ``XnnpackAttention`` (``xnnpack_attention.py``) into two private
 #: ops, which these entries expand; batched ``matmul`` (eager attention) becomes ``bmm``.
 attention_as_bmm: dict[Any, Callable[..., Any]] = {**ATTENTION_TABLE, aten.matmul.default: _matmul}
@@ -326,6 +395,7 @@ views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.squeeze.default: _as_view(aten.squeeze.default),
     aten.unsqueeze.default: _as_view(aten.unsqueeze.default),
     aten.select.int: _select,
+    aten.slice.Tensor: _strided_slice,
     aten.expand.default: _expand,
     aten.split_with_sizes.default: _split_with_sizes,
     aten.split.Tensor: _split,
@@ -378,7 +448,12 @@ class FoldDecomposed(ProgramPass):
 
 
 BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackAttention(),)
-AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (FoldDecomposed(), *DYNAMIC_PASSES)
+AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
+    FoldDecomposed(),
+    UntieEmbeddings(),
+    LinearForTransposedWeight(),
+    *DYNAMIC_PASSES,
+)
 
 
 class XnnpackRewrites(ProgramPass):
