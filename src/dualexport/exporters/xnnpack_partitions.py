@@ -83,10 +83,11 @@ def _transposed_weight(program: ExportedProgram, node: object) -> torch.fx.Node 
     """``W`` when ``node`` is ``W`` transposed (2-D) and ``W`` a weight placeholder."""
     if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target not in _TRANSPOSES:
         return None
-    src = node.args[0]
-    if node.target is aten.permute.default and list(node.args[1]) != [1, 0]:
+    args: Any = node.args
+    src = args[0]
+    if node.target is aten.permute.default and list(args[1]) != [1, 0]:
         return None
-    if node.target is aten.transpose.int and sorted(d % 2 for d in node.args[1:3]) != [0, 1]:
+    if node.target is aten.transpose.int and sorted(d % 2 for d in args[1:3]) != [0, 1]:
         return None
     sig = program.graph_signature
     weights = {**sig.inputs_to_parameters, **sig.inputs_to_lifted_tensor_constants}

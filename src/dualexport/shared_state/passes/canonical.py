@@ -23,7 +23,7 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -180,7 +180,7 @@ def _arange_position(program: ExportedProgram, index: object, size: object, rank
 def _range_slice(program: ExportedProgram, node: torch.fx.Node) -> tuple[int, int, int] | None:
     """``x[..., idx, ...]`` with one index tensor, a constant 1-D ``arange(a, b)``, and ``None``
     elsewhere: (dim, a, b), the ``slice`` it equals."""
-    x, indices = node.args[0], node.args[1]
+    x, indices = cast(Any, node.args[:2])
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) != 1:
         return None
