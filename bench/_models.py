@@ -43,7 +43,8 @@ class _HF(nn.Module):
 
 
 def bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """BertModel from a tiny config (2 layers, hidden 32), random weights, padding mask."""
+    """BertModel from a tiny config (2 layers, hidden 32), random weights, padding mask, with
+    transformers' own attention (SDPA), as users get it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -57,7 +58,6 @@ def bert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         max_position_embeddings=32,
     )
     cfg.use_cache = False
-    cfg._attn_implementation = "eager"
     ids = torch.randint(0, 100, (2, 8))
     mask = torch.ones(2, 8, dtype=torch.long)
     mask[1, 5:] = 0

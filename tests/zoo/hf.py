@@ -32,18 +32,20 @@ def _build(
     model_cls: str,
     input_names: tuple[str, ...],
     n_out: int = 1,
-    attention: str = "eager",
+    attention: str | None = None,
     **config: Any,
 ) -> Callable[[], nn.Module]:
-    """A factory: import lazily (transformers is heavy), build from config, with eager attention
-    by default (the path every exporter supports) or ``attention="sdpa"`` (transformers' default)."""
+    """A factory: import lazily (transformers is heavy), build from config as users get it:
+    transformers' own attention (SDPA wherever the model supports it) unless ``attention``
+    names one (``"eager"``: the extra cases)."""
 
     def factory() -> nn.Module:
         import transformers
 
         cfg = getattr(transformers, config_cls)(**config)
         cfg.use_cache = False
-        cfg._attn_implementation = attention
+        if attention is not None:
+            cfg._attn_implementation = attention
         model = getattr(transformers, model_cls)(cfg).eval()
         return HFWrapper(model, input_names, n_out)
 
@@ -152,6 +154,38 @@ HF_CASES: tuple[Case, ...] = (
         _build("LlamaConfig", "LlamaForCausalLM", ("input_ids",), 1, **_TEXT, num_key_value_heads=1),
         lambda: ((_ids(100),), {}),
         description="LlamaForCausalLM (2 layers, GQA 2:1, rotary inv_freq buffer, RMSNorm); logits",
+        onnx_ops=frozenset({"Softmax", "Cos", "Sin"}),
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_bert_eager",
+        _build("BertConfig", "BertModel", ("input_ids", "attention_mask"), 2, attention="eager", **_TEXT),
+        lambda: ((_ids(100), _mask()), {}),
+        description="hf_bert with eager attention (attn_implementation='eager', the extra case)",
+        onnx_ops=frozenset({"LayerNormalization", "Softmax", "Gather"}),
+        xnnpack_subgraphs=1,
+        xnnpack_allowed_non_delegated=None,
+        xnnpack_must_delegate=_LINEAR,
+        slow=True,
+        group="hf",
+    ),
+    Case(
+        "hf_llama_eager",
+        _build(
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            ("input_ids",),
+            1,
+            attention="eager",
+            **_TEXT,
+            num_key_value_heads=1,
+        ),
+        lambda: ((_ids(100),), {}),
+        description="hf_llama with eager attention (attn_implementation='eager', the extra case)",
         onnx_ops=frozenset({"Softmax", "Cos", "Sin"}),
         xnnpack_subgraphs=1,
         xnnpack_allowed_non_delegated=None,
@@ -287,7 +321,6 @@ HF_CASES: tuple[Case, ...] = (
             "T5EncoderModel",
             ("input_ids",),
             1,
-            attention="sdpa",
             d_model=64,
             d_kv=16,
             num_heads=4,

@@ -77,7 +77,8 @@ def _is(node: Any, op: Any) -> bool:
 
 def _match(linear: torch.fx.Node) -> tuple[Any, ...] | None:
     """The pieces of a PT2E dynamic linear ending at ``linear``, or None."""
-    act, weight = linear.args[0], linear.args[1]
+    act: Any = linear.args[0]
+    weight: Any = linear.args[1]
     bias = linear.args[2] if len(linear.args) > 2 else None
     if not (_is(act, _QD.dequantize_per_tensor.tensor) and _is(weight, _QD.dequantize_per_channel.default)):
         return None
@@ -87,7 +88,7 @@ def _match(linear: torch.fx.Node) -> tuple[Any, ...] | None:
     x = q.args[0]
     if not (isinstance(scale, torch.fx.Node) and scale.op == "call_function" and scale.args):
         return None
-    choose = scale.args[0]
+    choose: Any = scale.args[0]
     if not _is(choose, _QD.choose_qparams.tensor) or choose.args[0] is not x:
         return None
     if tuple(act.args[3:6]) != (-128, 127, torch.int8) or tuple(choose.args[1:3]) != (-128, 127):

@@ -29,7 +29,8 @@ from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
 from .xnnpack_fixes import own_dicts, xnnpack_workarounds
-from .xnnpack_rewrites import REWRITES, rewrite_table
+from .xnnpack_partitions import VIEW_OF
+from .xnnpack_rewrites import pipeline_names, rewrite_table, run_pipeline
 
 __all__ = [
     "XnnpackExporter",
@@ -173,7 +174,9 @@ class XnnpackExporter:
         return weight_notes(decomposed)
 
     def passes(self, options: ExportOptions) -> tuple[str, ...]:
-        return tuple(f"xnnpack_rewrites:{group}" for group in REWRITES) if options.xnnpack_passes else ()
+        if not options.xnnpack_passes:
+            return ()
+        return pipeline_names()
 
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         """ExecuTorch's edge decomposition, keeping the ops the partitioner takes whole; with
@@ -185,10 +188,11 @@ class XnnpackExporter:
         table = _default_decomposition_table()
         for op in keep:
             table.pop(op, None)
-        if (options or ExportOptions()).xnnpack_passes:
+        rewrite = (options or ExportOptions()).xnnpack_passes
+        if rewrite:
             table.update(rewrite_table())
         with size_oblivious():
-            return program.run_decompositions(table)
+            return run_pipeline(program, table) if rewrite else program.run_decompositions(table)
 
     def _diagnose(self, decomposed: ExportedProgram, exc: BaseException, stage: str) -> XnnpackLoweringError:
         text = str(exc).strip().splitlines()
@@ -356,5 +360,5 @@ def _kept_tensors(lowered: ExportedProgram) -> dict[str, Any]:
     for source in (lowered.state_dict, lowered.constants):
         for key, value in source.items():
             if isinstance(value, torch.Tensor):
-                out[key] = value
+                out[key] = getattr(value, VIEW_OF, value)  # an untied view: the holder's tensor
     return out

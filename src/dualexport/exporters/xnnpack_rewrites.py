@@ -27,6 +27,10 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
+from ..shared_state.passes.fold import fold_constants
+from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
+from .xnnpack_dynamic import DYNAMIC_PASSES
+from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
 
 __all__ = [
     "decompose_layer_norm",
@@ -35,6 +39,9 @@ __all__ = [
     "xnnpack_friendly",
     "rewrite_table",
     "XnnpackRewrites",
+    "FoldDecomposed",
+    "run_pipeline",
+    "pipeline_names",
     "REWRITES",
 ]
 
@@ -43,6 +50,12 @@ aten = torch.ops.aten
 
 def _static(shape: Sequence[Any]) -> bool:
     return all(isinstance(s, int) for s in shape)
+
+
+def _viewable(shape: Sequence[Any]) -> bool:
+    """At most one dynamic size: a view to ``shape`` can be written with one -1, the only
+    dynamic form XNNPACK's reshape takes (``xnnpack_dynamic.SymbolicViews`` writes it)."""
+    return sum(not isinstance(s, int) for s in shape) <= 1
 
 
 def _known_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -77,6 +90,37 @@ def _layer_norm(
     return y.reshape(x.shape)
 
 
+def _group_norm(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    cudnn_enabled: bool = True,
+) -> Any:
+    """GroupNorm as XNNPACK ops, as ``_layer_norm`` does: each group's values seen as
+    ``[N * G, 1, 1, M]`` and normalized by two global average pools, then the per-channel affine
+    (wav2vec2-style speech encoders normalize their first convolution so; XNNPACK has no group
+    norm node and the op split the delegate)."""
+    if x.dtype != torch.float32 or x.dim() < 2 or not _static(x.shape[1:]) or not _viewable(x.shape):
+        return NotImplemented
+    c = x.shape[1]
+    if c % num_groups:
+        return NotImplemented
+    m = (c // num_groups) * math.prod(x.shape[2:])
+    x4 = x.reshape(-1, 1, 1, m)
+    mean = aten.mean.dim(x4, [2, 3], True)
+    xc = x4 - mean
+    var = aten.mean.dim(xc * xc, [2, 3], True)
+    y = (xc * aten.rsqrt.default(var + eps)).reshape(x.shape)
+    affine = [c] + [1] * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.reshape(affine)
+    if bias is not None:
+        y = y + bias.reshape(affine)
+    return y
+
+
 def _hardsigmoid(x: torch.Tensor) -> Any:
     """``hardsigmoid`` as ``hardtanh(x + 3, 0, 6) / 6`` (ATen's own formula): its default
     decomposition converts integer scalar constants to float, which XNNPACK does not take
@@ -91,10 +135,12 @@ def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *,
     """``mean`` over the innermost one or two dims as XNNPACK's global average pooling: the
     input seen as ``[N, 1, 1, D]`` (or ``[N, 1, H, W]``), mean over dims (2, 3) kept, then the
     result's shape (XNNPACK takes ``mean.dim`` only on 4-D, dims (2, 3), keepdim)."""
-    if dtype is not None or x.dtype != torch.float32 or not _static(x.shape) or not dims or x.dim() < 1:
+    if dtype is not None or x.dtype != torch.float32 or not _viewable(x.shape) or not dims or x.dim() < 1:
         return NotImplemented
     rank = x.dim()
     axes = sorted({d % rank for d in dims})
+    if not _static([x.shape[a] for a in axes]):
+        return NotImplemented
     if rank == 4 and axes == [2, 3] and keepdim:
         return NotImplemented  # already the form XNNPACK takes
     inner = len(axes)
@@ -110,12 +156,21 @@ def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *,
     return pooled.reshape(out_shape)
 
 
+def _amax(x: torch.Tensor, dim: Sequence[int] = (), keepdim: bool = False) -> Any:
+    """``amax`` over one dim of a 4-D float tensor as ``max.dim`` (XNNPACK's max reduction takes
+    4-D inputs and the values output only): the row factor of an attention mask."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if x.dtype != torch.float32 or x.dim() != 4 or len(dims) != 1:
+        return NotImplemented
+    return aten.max.dim(x, dims[0] % 4, keepdim)[0]
+
+
 def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
     """Adaptive average pooling whose windows tile the input exactly: to 1x1 a global average
     (``mean.dim`` over (2, 3), kept), otherwise ``avg_pool2d`` with kernel = stride = in/out.
     Its default decomposition goes through ``as_strided`` on channels-last inputs (ConvNeXt),
     which XNNPACK does not take."""
-    if x.dtype != torch.float32 or x.dim() != 4 or not _static(x.shape):
+    if x.dtype != torch.float32 or x.dim() != 4 or not _static(x.shape[1:]):
         return NotImplemented
     oh, ow = (list(output_size) * 2)[:2] if len(output_size) == 1 else list(output_size)
     h, w = x.shape[2], x.shape[3]
@@ -128,43 +183,6 @@ def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
 
 
 # ------------------------------------------------------------------------------- attention
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Any:
-    """Attention as ``bmm``/``mul``/``add``/``_softmax``/``bmm`` when no mask is given.
-
-    With a mask, torch's math decomposition uses a "safe" softmax (a row masked out everywhere
-    gives zeros, not NaN) whose prologue XNNPACK refuses; that semantics is kept by declining.
-    """
-    if (
-        attn_mask is not None
-        or dropout_p != 0.0
-        or is_causal
-        or enable_gqa
-        or q.dim() != 4
-        or q.dtype != torch.float32
-    ):
-        return NotImplemented
-    if not (_known_equal(q.shape[:2], k.shape[:2]) and _known_equal(k.shape[:3], v.shape[:3])):
-        return NotImplemented
-    b, h, lq, e = q.shape
-    s, ev = k.shape[2], v.shape[3]
-    scale = 1.0 / math.sqrt(e) if scale is None else scale
-    q3 = q.reshape(-1, lq, e)
-    kt3 = k.transpose(-1, -2).reshape(-1, e, s)
-    scores = aten.bmm.default(q3, kt3) * scale
-    attn = aten._softmax.default(scores, -1, False)
-    out = aten.bmm.default(attn, v.reshape(-1, s, ev))
-    return out.reshape(b, h, lq, ev)
-
-
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> Any:
     """Batched matmul with equal batch dims as reshape + ``bmm``: no ``expand`` copy."""
     if a.dim() < 3 or a.dim() != b.dim() or not _known_equal(a.shape[:-2], b.shape[:-2]):
@@ -181,7 +199,7 @@ def _as_view(op: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     """``squeeze``/``unsqueeze``: a ``view`` to the same (static) shape, which XNNPACK takes."""
 
     def rewrite(x: torch.Tensor, *args: Any) -> Any:
-        if not _static(x.shape):
+        if not _viewable(x.shape):
             return NotImplemented
         shape = list(x.shape)
         if op is aten.unsqueeze.default:
@@ -191,6 +209,8 @@ def _as_view(op: Callable[..., torch.Tensor]) -> Callable[..., Any]:
             dims = args[0] if args else list(range(len(shape)))
             dims = [dims] if isinstance(dims, int) else list(dims)
             dims = {d % max(len(shape), 1) for d in dims}
+            if not _static([shape[d] for d in dims if d < len(shape)]):
+                return NotImplemented  # whether a dynamic dim is squeezed depends on its size
             shape = [s for i, s in enumerate(shape) if not (i in dims and s == 1)]
         return aten.view.default(x, shape)
 
@@ -199,26 +219,52 @@ def _as_view(op: Callable[..., torch.Tensor]) -> Callable[..., Any]:
 
 
 def _select(x: torch.Tensor, dim: int, index: int) -> Any:
-    """``select`` as a one-wide ``slice`` plus a ``view`` (static shapes only)."""
-    if not _static(x.shape) or not isinstance(index, int):
+    """``select`` as a one-wide ``slice`` plus a ``view`` (the selected dim static)."""
+    dim = dim % x.dim() if x.dim() else dim
+    if not _viewable(x.shape) or not isinstance(index, int) or not isinstance(x.shape[dim], int):
         return NotImplemented
-    dim = dim % x.dim()
     index = index % x.shape[dim]
     out_shape = [s for i, s in enumerate(x.shape) if i != dim]
     return aten.slice.Tensor(x, dim, index, index + 1).reshape(out_shape)
+
+
+def _strided_slice(x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """``x[..., a::k]`` (every ``k``-th element along a static dim that ``k`` divides, from ``a``
+    below ``k`` to the end) as a view that splits the dim into ``[n / k, k]``, a one-wide slice of
+    the new inner dim and a view back: XNNPACK's slice takes stride 1 only (Cohere's
+    interleaved rotary embedding reads ``x[..., ::2]`` and ``x[..., 1::2]``)."""
+    if not isinstance(step, int) or step <= 1 or not _viewable(x.shape) or x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    start = 0 if start is None else start
+    if not isinstance(n, int) or not isinstance(start, int) or n % step:
+        return NotImplemented
+    start = start + n if start < 0 else start
+    if not 0 <= start < step or not (end is None or (isinstance(end, int) and end >= n)):
+        return NotImplemented
+    shape = list(x.shape)
+    split = aten.view.default(x, [*shape[:dim], n // step, step, *shape[dim + 1 :]])
+    picked = aten.slice.Tensor(split, dim + 1, start, start + 1)
+    return aten.view.default(picked, [*shape[:dim], n // step, *shape[dim + 1 :]])
 
 
 def _expand(x: torch.Tensor, size: Sequence[Any], *, implicit: bool = False) -> Any:
     """An ``expand`` to the tensor's own shape is the identity: a ``view``, not a copy. One that
     broadcasts a single size-1 dim ``n`` times (grouped-query attention repeating its key/value
     heads) is a ``cat`` of ``n`` copies (XNNPACK has no broadcast copy; it concatenates)."""
-    if not _static(x.shape) or len(size) != x.dim() or not all(isinstance(s, int) for s in size):
+    if not _viewable(x.shape) or len(size) != x.dim():
         return NotImplemented
-    target = [x.shape[i] if s == -1 else s for i, s in enumerate(size)]
-    if target == list(x.shape):
+    target = [x.shape[i] if isinstance(s, int) and s == -1 else s for i, s in enumerate(size)]
+    if _known_equal(target, list(x.shape)):
         return aten.view.default(x, list(x.shape))
-    grown = [i for i, (s, t) in enumerate(zip(x.shape, target, strict=True)) if s != t]
-    if len(grown) == 1 and x.shape[grown[0]] == 1 and 2 <= target[grown[0]] <= _MAX_CAT:
+    grown = [i for i, (s, t) in enumerate(zip(x.shape, target, strict=True)) if not _known_equal([s], [t])]
+    if (
+        len(grown) == 1
+        and _static([x.shape[grown[0]], target[grown[0]]])
+        and x.shape[grown[0]] == 1
+        and 2 <= target[grown[0]] <= _MAX_CAT
+    ):
         # distinct views: XNNPACK counts a concatenation's distinct inputs
         return aten.cat.default(
             [aten.view.default(x, list(x.shape)) for _ in range(target[grown[0]])], grown[0]
@@ -231,10 +277,10 @@ _MAX_CAT = 5
 
 
 def _split_with_sizes(x: torch.Tensor, sizes: Sequence[int], dim: int = 0) -> Any:
-    """``split`` as ``slice`` ops (static shapes): XNNPACK has no split, and takes slices."""
-    if not _static(x.shape) or not all(isinstance(s, int) for s in sizes):
-        return NotImplemented
+    """``split`` as ``slice`` ops (the split dim static): XNNPACK has no split, and takes slices."""
     dim = dim % x.dim()
+    if not isinstance(x.shape[dim], int) or not all(isinstance(s, int) for s in sizes):
+        return NotImplemented
     out, start = [], 0
     for n in sizes:
         out.append(aten.slice.Tensor(x, dim, start, start + n))
@@ -243,17 +289,29 @@ def _split_with_sizes(x: torch.Tensor, sizes: Sequence[int], dim: int = 0) -> An
 
 
 def _split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
-    if not _static(x.shape) or not isinstance(split_size, int) or split_size <= 0:
-        return NotImplemented
     total = x.shape[dim % x.dim()]
+    if not isinstance(total, int) or not isinstance(split_size, int) or split_size <= 0:
+        return NotImplemented
     sizes = [min(split_size, total - i) for i in range(0, total, split_size)]
     return _split_with_sizes(x, sizes, dim)
 
 
 def _cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> Any:
     """A ``cat`` that repeats an input (rotary embeddings' ``cat((freqs, freqs))``) with distinct
-    views of it: XNNPACK counts a concatenation's distinct inputs and refuses one."""
-    if len({id(t) for t in tensors}) == len(tensors) or not all(_static(t.shape) for t in tensors):
+    views of it: XNNPACK counts a concatenation's distinct inputs and refuses one. Inputs empty
+    along ``dim`` are dropped, and a ``cat`` of one input is that input (Phi-3's partial rotary
+    concatenates an empty pass-through part)."""
+    if not tensors or not all(_viewable(t.shape) for t in tensors):
+        return NotImplemented
+    d = dim % tensors[0].dim() if tensors[0].dim() else 0
+    kept = [t for t in tensors if not (t.dim() > d and isinstance(t.shape[d], int) and t.shape[d] == 0)]
+    if len(kept) != len(tensors) and kept:
+        if len(kept) == 1:
+            return aten.view.default(kept[0], list(kept[0].shape))
+        tensors = kept
+        if len({id(t) for t in tensors}) == len(tensors):
+            return aten.cat.default(list(tensors), dim)
+    if len({id(t) for t in tensors}) == len(tensors):
         return NotImplemented
     seen: set[int] = set()
     parts = []
@@ -268,7 +326,7 @@ def _roll(x: torch.Tensor, shifts: Sequence[int], dims: Sequence[int] = ()) -> A
     decomposition gathers with computed indices (``index_select``), which XNNPACK does not take
     (Swin Transformer's shifted windows)."""
     shifts, dims = list(shifts), list(dims)
-    if not dims or len(shifts) != len(dims) or not _static(x.shape):
+    if not dims or len(shifts) != len(dims) or not _static([x.shape[d % x.dim()] for d in dims]):
         return NotImplemented
     for shift, dim in zip(shifts, dims, strict=True):
         dim = dim % x.dim()
@@ -283,7 +341,7 @@ def _roll(x: torch.Tensor, shifts: Sequence[int], dims: Sequence[int] = ()) -> A
 
 def _alias(x: torch.Tensor) -> Any:
     """``alias`` (an identity view) as a same-shape ``view``."""
-    if not _static(x.shape):
+    if not _viewable(x.shape):
         return NotImplemented
     return aten.view.default(x, list(x.shape))
 
@@ -308,18 +366,36 @@ def _pow(x: torch.Tensor, exponent: Any) -> Any:
     return y
 
 
+def _scalar_as_tensor_op(op: Any) -> Callable[..., Any]:
+    """``add``/``sub``/``mul``/``div`` with a Python scalar (``.Scalar`` overloads: torch's own
+    ``nn.RMSNorm`` adds its eps so) as the ``.Tensor`` overload, the one XNNPACK's configs name."""
+
+    def rewrite(x: torch.Tensor, other: Any, alpha: Any = 1) -> Any:
+        if x.dtype != torch.float32 or isinstance(other, bool) or not isinstance(other, (int, float)):
+            return NotImplemented
+        if alpha != 1:
+            other = other * alpha
+        return op(x, other)
+
+    rewrite.__name__ = f"{op.__name__}_with_scalar"
+    return rewrite
+
+
 #: op -> rewrite; grouped so a user can pick a subset.
-decompose_layer_norm: dict[Any, Callable[..., Any]] = {aten.layer_norm.default: _layer_norm}
-attention_as_bmm: dict[Any, Callable[..., Any]] = {
-    aten.scaled_dot_product_attention.default: _sdpa,
-    aten.matmul.default: _matmul,
+decompose_layer_norm: dict[Any, Callable[..., Any]] = {
+    aten.layer_norm.default: _layer_norm,
+    aten.group_norm.default: _group_norm,
 }
+#: SDPA itself is rewritten by ``XnnpackAttention`` (``xnnpack_attention.py``) into two private
+#: ops, which these entries expand; batched ``matmul`` (eager attention) becomes ``bmm``.
+attention_as_bmm: dict[Any, Callable[..., Any]] = {**ATTENTION_TABLE, aten.matmul.default: _matmul}
 views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.squeeze.dim: _as_view(aten.squeeze.dim),
     aten.squeeze.dims: _as_view(aten.squeeze.dims),
     aten.squeeze.default: _as_view(aten.squeeze.default),
     aten.unsqueeze.default: _as_view(aten.unsqueeze.default),
     aten.select.int: _select,
+    aten.slice.Tensor: _strided_slice,
     aten.expand.default: _expand,
     aten.split_with_sizes.default: _split_with_sizes,
     aten.split.Tensor: _split,
@@ -330,9 +406,14 @@ views_for_shape_ops: dict[Any, Callable[..., Any]] = {
 elementwise: dict[Any, Callable[..., Any]] = {
     aten.pow.Tensor_Scalar: _pow,
     aten.hardsigmoid.default: _hardsigmoid,
+    aten.add.Scalar: _scalar_as_tensor_op(aten.add.Tensor),
+    aten.sub.Scalar: _scalar_as_tensor_op(aten.sub.Tensor),
+    aten.mul.Scalar: _scalar_as_tensor_op(aten.mul.Tensor),
+    aten.div.Scalar: _scalar_as_tensor_op(aten.div.Tensor),
 }
 mean_as_global_pool: dict[Any, Callable[..., Any]] = {
     aten.mean.dim: _mean,
+    aten.amax.default: _amax,
     aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
 }
@@ -353,15 +434,61 @@ def rewrite_table(groups: Sequence[str] = tuple(REWRITES)) -> dict[Any, Callable
     return table
 
 
+class FoldDecomposed(ProgramPass):
+    """Constant folding again on the XNNPACK program, once decomposed: input-independent chains
+    that the shared program's folding could not reach (inside a higher-order op such as
+    transformers' rotary ``wrap_with_set_grad_enabled``, or made by a decomposition) become
+    constants of this program only. Parameters are never folded (see ``fold_constants``)."""
+
+    serves = "xnnpack"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        return fold_constants(program, drop_unused=False)
+
+
+BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackAttention(),)
+AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
+    FoldDecomposed(),
+    UntieEmbeddings(),
+    LinearForTransposedWeight(),
+    *DYNAMIC_PASSES,
+)
+
+
 class XnnpackRewrites(ProgramPass):
-    """Every rewrite in :data:`REWRITES`, alone (one ``run_decompositions`` call): the entries
-    ``XnnpackExporter.decompose`` adds to its own table, usable on any program to inspect them."""
+    """``XnnpackAttention`` then every rewrite in :data:`REWRITES` (one ``run_decompositions``
+    call): what ``XnnpackExporter.decompose`` adds to its own table, usable on any program to
+    inspect it."""
 
     serves = "xnnpack"
     in_place = False
 
     def call(self, program: ExportedProgram) -> ExportedProgram:
-        return program.run_decompositions(rewrite_table())
+        return run_pipeline(program, rewrite_table())
+
+
+def run_pipeline(program: ExportedProgram, table: dict[Any, Callable[..., Any]]) -> ExportedProgram:
+    """XNNPACK's pipeline: the passes before decomposition (on a copy of the graph), one
+    ``run_decompositions`` with ``table`` (the rewrites included), the passes after it (on the
+    new program). The shared program is never edited."""
+    for before in BEFORE_DECOMPOSITION:
+        program = before(program).program
+    decomposed = program.run_decompositions(table)
+    if decomposed.constants is program.constants:  # the passes below add constants of their own
+        decomposed._constants = dict(program.constants)
+    for after in AFTER_DECOMPOSITION:
+        decomposed = after(decomposed).program
+    return decomposed
+
+
+def pipeline_names() -> tuple[str, ...]:
+    """The pipeline's pass names, in order (the cache key, the manifest, ``-v``)."""
+    return (
+        *(p.name for p in BEFORE_DECOMPOSITION),
+        *(f"xnnpack_rewrites:{group}" for group in REWRITES),
+        *(p.name for p in AFTER_DECOMPOSITION),
+    )
 
 
 def xnnpack_friendly(program: ExportedProgram) -> ExportedProgram:

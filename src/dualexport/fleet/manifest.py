@@ -53,7 +53,7 @@ class Entry:
     model_class: str | None = None
     input_names: tuple[str, ...] = ("input_ids",)
     outputs: int = 1
-    attention: str = "eager"
+    attention: str | None = None  # transformers' own choice (SDPA where supported)
     dynamic: tuple[DynamicDim, ...] = ()
     targets: tuple[str, ...] = ("onnx", "xnnpack")
     quantize: str | None = None

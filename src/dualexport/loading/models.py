@@ -176,12 +176,14 @@ def hf_model(
     task: str = "base",
     input_names: Sequence[str] = ("input_ids",),
     outputs: int = 1,
-    attention: str = "eager",
+    attention: str | None = None,
     seed: int = 0,
 ) -> nn.Module:
     """A transformers model from ``config_class(**config)`` with random weights (seeded), no
-    cache objects (``use_cache=False``), eager attention unless asked otherwise, wrapped in
-    ``HFWrapper``. Nothing is downloaded: only ``from_config``-style construction."""
+    cache objects (``use_cache=False``), wrapped in ``HFWrapper``. Attention is transformers'
+    own choice (SDPA wherever the model supports it), as users get it, unless ``attention``
+    names one (``"eager"``, ``"sdpa"``). Nothing is downloaded: only ``from_config``-style
+    construction."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     allow_torchvision()
@@ -203,7 +205,8 @@ def hf_model(
     except Exception as exc:
         raise InputError(f"{config_class}(**config) failed: {exc}", hint="check the config keys") from exc
     cfg.use_cache = False
-    cfg._attn_implementation = attention
+    if attention is not None:
+        cfg._attn_implementation = attention
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     return HFWrapper(model, tuple(input_names), outputs).eval()

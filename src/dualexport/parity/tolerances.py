@@ -176,8 +176,7 @@ def quantized_tolerance(output_scale: float | None, reference_snr_db: float | No
         return Tolerance(
             0.0,
             0.0,
-            f"SNR >= {need:.1f} dB (the reference's own quantization noise; float after the "
-            "last dequantize)",
+            f"SNR >= {need:.1f} dB (the reference's own quantization noise; float after the last dequantize)",
             elementwise=False,
             min_snr_db=need,
         )

@@ -47,11 +47,12 @@ class SetResult:
 
 def shared_passes(options: ExportOptions) -> tuple[ProgramPass, ...]:
     """dualexport's own passes on the shared program that ``options`` turns on, in order."""
-    from ..shared_state.passes import CANONICALIZATIONS, FoldConstants
+    from ..shared_state.passes import AFTER_FOLDING, CANONICALIZATIONS, FoldConstants
 
     return (
         *(CANONICALIZATIONS if options.canonicalize else ()),
         *((FoldConstants(),) if options.fold_constants else ()),
+        *(AFTER_FOLDING if options.canonicalize else ()),
     )
 
 

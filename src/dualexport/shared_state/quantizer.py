@@ -31,7 +31,11 @@ from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
 __all__ = [
     "one_dynamic_quantization_per_linear",
     "share_through_moves",
-    "IntegerSafeQuantizer", "make_quantizer", "float_scalars_to_attrs", "is_float_node"]
+    "IntegerSafeQuantizer",
+    "make_quantizer",
+    "float_scalars_to_attrs",
+    "is_float_node",
+]
 
 _SCALAR_OPS = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
 
@@ -176,6 +180,15 @@ def share_through_moves(model: torch.fx.GraphModule) -> None:
         )
 
 
+def _copy_chain(graph: torch.fx.Graph, chain: list[torch.fx.Node], before: torch.fx.Node) -> dict[Any, Any]:
+    """Copies of ``chain`` (in order) inserted before ``before``, reading each other's copies."""
+    mapping: dict[Any, Any] = {}
+    with graph.inserting_before(before):
+        for old in chain:
+            mapping[old] = graph.node_copy(old, lambda a: mapping.get(a, a))
+    return mapping
+
+
 def one_dynamic_quantization_per_linear(model: torch.fx.GraphModule) -> int:
     """Give every dynamically quantized linear its own ``choose_qparams -> quantize ->
     dequantize`` chain (PT2E shares one among the linears that read the same value: attention's
@@ -201,11 +214,7 @@ def one_dynamic_quantization_per_linear(model: torch.fx.GraphModule) -> int:
             continue
         chain = [choose, *[u for u in choose.users], q, dq]  # choose, getitems, q, dq
         for user in list(dq.users)[1:]:
-            mapping: dict[torch.fx.Node, torch.fx.Node] = {}
-            with graph.inserting_before(user):
-                for old in chain:
-                    mapping[old] = graph.node_copy(old, lambda a: mapping.get(a, a))
-            user.replace_input_with(dq, mapping[dq])
+            user.replace_input_with(dq, _copy_chain(graph, chain, user)[dq])
             added += 1
     if added:
         graph.lint()
@@ -226,7 +235,7 @@ _DYNAMIC_SKIPPED = frozenset(
 )
 
 
-class IntegerSafeQuantizer(XNNPACKQuantizer):  # type: ignore[misc]
+class IntegerSafeQuantizer(XNNPACKQuantizer):
     """XNNPACKQuantizer that never turns integer arithmetic into float and leaves values that
     hold sentinels (masks) in float (see the module doc)."""
 

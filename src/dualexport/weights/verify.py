@@ -14,9 +14,8 @@ import torch
 from ..errors import WeightMismatchError
 from ..shared_state.tensor_bytes import tensor_sha256
 from .locate import permuted_sha256
-from .readers import SCALE_KEY_PREFIX
 from .manifest import FAILING_STATUSES, WeightEntry, WeightLocation, WeightManifest
-from .readers import read_onnx, read_pte
+from .readers import SCALE_KEY_PREFIX, read_onnx, read_pte
 
 __all__ = ["WeightCheck", "verify_manifest"]
 

@@ -10,9 +10,15 @@ folding of input-independent subgraphs. Target-specific rewrites live with their
 
 from __future__ import annotations
 
+from .attention import ExplicitMaskedRows
 from .base import PassContractError, PassRecord, PassResult, ProgramPass
-from .canonical import CANONICALIZATIONS, ContiguousAsCopy, ExplicitPoolArgs, ReshapeForView
+from .canonical import CANONICALIZATIONS, ContiguousAsCopy, ExplicitPoolArgs, IndexAsView, ReshapeForView
 from .fold import FOLD_MAX_BYTES, FoldConstants, fold_constants
+from .fold_symbolic import FoldSymbolic
+
+#: Canonicalizations that read folded constants: run after ``FoldConstants`` (with
+#: ExportOptions.canonicalize).
+AFTER_FOLDING: tuple[ProgramPass, ...] = (IndexAsView(), ExplicitMaskedRows(), FoldSymbolic())
 
 __all__ = [
     # the protocol
@@ -25,8 +31,12 @@ __all__ = [
     "ReshapeForView",
     "ContiguousAsCopy",
     "ExplicitPoolArgs",
+    "IndexAsView",
+    "AFTER_FOLDING",
+    "ExplicitMaskedRows",
     # folding
     "FoldConstants",
     "fold_constants",
     "FOLD_MAX_BYTES",
+    "FoldSymbolic",
 ]

@@ -23,12 +23,15 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
+from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of
 
-__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "CANONICALIZATIONS"]
+__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "IndexAsView", "CANONICALIZATIONS"]
 
 aten = torch.ops.aten
 
@@ -142,6 +145,102 @@ class ExplicitPoolArgs(ProgramPass):
                 node.args, node.kwargs = new_args, {}
                 changed = True
         if changed:
+            _finish(program)
+        return program
+
+
+def _arange_position(program: ExportedProgram, index: object, size: object, rank: int) -> int | None:
+    """Where ``index`` (an ``aten.index`` index tensor of rank ``rank``) holds ``arange(size)``:
+    the one dim that is not 1, for a constant with those values or an ``arange`` node (plus 0)
+    seen through ``unsqueeze``/``view``; None otherwise."""
+    if not isinstance(index, torch.fx.Node):
+        return None
+    val = index.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != rank or val.dtype not in (torch.int64, torch.int32):
+        return None
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    wide = [d for d, s in enumerate(val.shape) if not statically_known_true(s == 1)]
+    if len(wide) != 1 or not statically_known_true(val.shape[wide[0]] == size):
+        return None
+    value = constant_value(program, index)
+    if value is not None:
+        flat = value.reshape(-1)
+        return wide[0] if torch.equal(flat, torch.arange(flat.numel(), dtype=flat.dtype)) else None
+    node: Any = index
+    while node.op == "call_function" and node.target in (aten.unsqueeze.default, *_VIEWS):
+        node = node.args[0]
+    if node.op == "call_function" and node.target is aten.add.Tensor and node.args[1] == 0:
+        node = node.args[0]
+    if node.op != "call_function" or node.target is not aten.arange.default or len(node.args) != 1:
+        return None
+    return wide[0]
+
+
+def _range_slice(program: ExportedProgram, node: torch.fx.Node) -> tuple[int, int, int] | None:
+    """``x[..., idx, ...]`` with one index tensor, a constant 1-D ``arange(a, b)``, and ``None``
+    elsewhere: (dim, a, b), the ``slice`` it equals."""
+    x, indices = cast(Any, node.args[:2])
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1:
+        return None
+    d, index = given[0]
+    value = constant_value(program, index)
+    xv = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if value is None or value.dim() != 1 or value.numel() == 0 or not isinstance(xv, torch.Tensor):
+        return None
+    if value.dtype not in (torch.int64, torch.int32) or not isinstance(xv.shape[d], int):
+        return None
+    start = int(value[0]) % xv.shape[d]
+    if not torch.equal(value % xv.shape[d], torch.arange(start, start + value.numel(), dtype=value.dtype)):
+        return None
+    return d, start, start + value.numel()
+
+
+class IndexAsView(ProgramPass):
+    """A gather that is a view, written as one: ``x[i0, i1, ...]`` whose index tensors are
+    ``arange(x.shape[d])`` each broadcast along its own dim, in order, is ``x`` with size-1 dims
+    inserted (``unsqueeze``; transformers' padding-mask expansion, ``mask[batch_idx, None, None,
+    kv_idx]``), and ``x[..., arange(a, b), ...]`` with a constant range is a ``slice`` (Falcon's
+    fused query/key/value split). Neither XNNPACK nor ONNX Runtime then gathers."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        fake_mode = fake_mode_of(program)
+        for node in list(program.graph.nodes):
+            if node.op != "call_function" or node.target is not aten.index.Tensor or _mutated_through(node):
+                continue
+            x, indices = node.args[0], node.args[1]
+            xv, out = x.meta.get("val"), node.meta.get("val")
+            if not isinstance(out, torch.Tensor) or not isinstance(xv, torch.Tensor):
+                continue
+            view = None
+            cut = _range_slice(program, node)
+            if cut is not None:
+                with program.graph.inserting_before(node):
+                    view = call(program.graph, aten.slice.Tensor, (x, *cut), fake_mode=fake_mode)
+            elif len(indices) == xv.dim() and not any(i is None for i in indices):
+                positions = [
+                    _arange_position(program, i, xv.shape[d], out.dim()) for d, i in enumerate(indices)
+                ]
+                if any(p is None for p in positions) or positions != sorted(set(positions)):  # type: ignore[type-var]
+                    continue
+                view = x
+                with program.graph.inserting_before(node):
+                    for d in range(out.dim()):
+                        if d not in positions:
+                            view = call(program.graph, aten.unsqueeze.default, (view, d), fake_mode=fake_mode)
+            if view is None:
+                continue
+            node.replace_all_uses_with(view)
+            program.graph.erase_node(node)
+            changed = True
+        if changed:
+            program.graph.eliminate_dead_code()
+            drop_dead_constants(program)
             _finish(program)
         return program
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from .base import ProgramPass
+from .graph_edit import drop_dead_constants, fake_mode_of, lift_constant
 
 __all__ = ["fold_constants", "FoldConstants", "FOLD_MAX_BYTES"]
 
@@ -92,10 +92,15 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) -> ExportedProgram:
+def fold_constants(
+    program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES, *, drop_unused: bool = True
+) -> ExportedProgram:
     """Replace every maximal input-independent subgraph by one lifted constant, in place.
 
-    Returns the same program (edited), so the holder's state_dict stays the one dict.
+    Returns the same program (edited), so the holder's state_dict stays the one dict. With
+    ``drop_unused=False`` a lifted constant nothing reads any more keeps its (unused)
+    placeholder: a target's program keeps every entry of the holder's, and the weight manifest
+    then reads it as unused by that target.
     """
     graph = program.graph
     values: dict[torch.fx.Node, Any] = {}
@@ -158,60 +163,14 @@ def fold_constants(program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES) ->
     if not frontier:
         return program
 
-    sig = program.graph_signature
-    specs = list(sig.input_specs)
-    user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    anchor = placeholders[user_idx] if user_idx < len(placeholders) else None
-    fake_mode = torch._guards.detect_fake_mode(
-        [n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    )
-    taken = set(program.constants) | set(program.state_dict) | {n.name for n in graph.nodes}
-    new_specs: list[InputSpec] = []
-    counter = 0
+    fake_mode = fake_mode_of(program)
     for node in frontier:
-        while f"_folded_constant_{counter}" in taken:
-            counter += 1
-        name = f"_folded_constant_{counter}"
-        taken.add(name)
         tensor = values[node].detach().contiguous().clone()
-        ctx = (
-            graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
-        )
-        with ctx:
-            ph = graph.placeholder(name)
-        ph.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
-        ph.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True) if fake_mode else tensor
+        ph = lift_constant(program, tensor, meta_from=node, fake_mode=fake_mode)
         node.replace_all_uses_with(ph)
-        program.constants[ph.name] = tensor
-        new_specs.append(
-            InputSpec(
-                kind=InputKind.CONSTANT_TENSOR,
-                arg=TensorArgument(name=ph.name),
-                target=ph.name,
-                persistent=None,
-            )
-        )
-        if anchor is None:
-            placeholders.append(ph)
     graph.eliminate_dead_code()
-    # Lifted constants nothing reads any more (their placeholder is dead): drop them.
-    dead = {
-        n.name
-        for n in graph.nodes
-        if n.op == "placeholder" and not n.users and n.name in sig.inputs_to_lifted_tensor_constants
-    }
-    for n in [n for n in graph.nodes if n.op == "placeholder" and n.name in dead]:
-        graph.erase_node(n)
-    kept = []
-    for s in specs[:user_idx]:
-        if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name in dead:
-            program.constants.pop(s.target, None)
-            continue
-        kept.append(s)
-    program._graph_signature = ExportGraphSignature(
-        input_specs=kept + new_specs + specs[user_idx:], output_specs=list(sig.output_specs)
-    )
+    if drop_unused:
+        drop_dead_constants(program)  # lifted constants nothing reads any more
     program.graph_module.recompile()
     return program
 

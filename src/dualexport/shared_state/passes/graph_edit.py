@@ -1,0 +1,161 @@
+"""Small graph edits the passes share: a new lifted constant, a new op node with its fake value,
+and reading an op's argument by its schema name.
+
+Why here: a pass that adds a constant must keep the placeholders, the graph signature and
+``program.constants`` in step (a program whose placeholder order differs from its input specs
+fails validation much later, in a target's lowering), and a node added without ``meta["val"]``
+breaks every later pass that reads shapes. One place does both right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+
+__all__ = [
+    "lift_constant",
+    "drop_dead_constants",
+    "call",
+    "Inserter",
+    "argument",
+    "constant_value",
+    "fake_mode_of",
+]
+
+
+def fake_mode_of(program: ExportedProgram) -> Any:
+    """The fake mode the program's ``meta["val"]`` tensors live in (None when there is none)."""
+    return torch._guards.detect_fake_mode(
+        [n.meta["val"] for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    )
+
+
+def lift_constant(
+    program: ExportedProgram,
+    tensor: torch.Tensor,
+    *,
+    prefix: str = "_folded_constant",
+    meta_from: torch.fx.Node | None = None,
+    fake_mode: Any = None,
+) -> torch.fx.Node:
+    """Add ``tensor`` to ``program`` as a lifted constant (placeholder, input spec and
+    ``program.constants`` entry, placed before the user inputs) and return its placeholder."""
+    graph = program.graph
+    sig = program.graph_signature
+    specs = list(sig.input_specs)
+    user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[user_idx] if user_idx < len(placeholders) else None
+    taken = set(program.constants) | set(program.state_dict) | {n.name for n in graph.nodes}
+    counter = 0
+    while f"{prefix}_{counter}" in taken:
+        counter += 1
+    ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
+    with ctx:
+        ph = graph.placeholder(f"{prefix}_{counter}")
+    if meta_from is not None:
+        ph.meta.update({k: v for k, v in meta_from.meta.items() if k in ("stack_trace", "nn_module_stack")})
+    fake_mode = fake_mode if fake_mode is not None else fake_mode_of(program)
+    ph.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True) if fake_mode else tensor
+    program.constants[ph.name] = tensor
+    specs.insert(
+        user_idx,
+        InputSpec(
+            kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=ph.name), target=ph.name, persistent=None
+        ),
+    )
+    program._graph_signature = ExportGraphSignature(input_specs=specs, output_specs=list(sig.output_specs))
+    return ph
+
+
+def drop_dead_constants(program: ExportedProgram) -> None:
+    """Lifted constants whose placeholder lost every user: placeholder, spec and value dropped."""
+    sig = program.graph_signature
+    graph = program.graph
+    dead = {
+        n.name
+        for n in graph.nodes
+        if n.op == "placeholder" and not n.users and n.name in sig.inputs_to_lifted_tensor_constants
+    }
+    if not dead:
+        return
+    for n in [n for n in graph.nodes if n.op == "placeholder" and n.name in dead]:
+        graph.erase_node(n)
+    kept = []
+    for s in sig.input_specs:
+        if s.kind == InputKind.CONSTANT_TENSOR and s.arg.name in dead:
+            program.constants.pop(s.target, None)
+            continue
+        kept.append(s)
+    program._graph_signature = ExportGraphSignature(input_specs=kept, output_specs=list(sig.output_specs))
+
+
+def call(
+    graph: torch.fx.Graph,
+    op: Any,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    fake_mode: Any = None,
+) -> torch.fx.Node:
+    """A new ``call_function`` node (at the graph's current insertion point) with its
+    ``meta["val"]`` computed from its inputs' fake values."""
+    kwargs = dict(kwargs or {})
+    node = graph.call_function(op, args, kwargs)
+    fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = op(*fake_args, **fake_kwargs)
+    else:
+        node.meta["val"] = op(*fake_args, **fake_kwargs)
+    return node
+
+
+class Inserter:
+    """Adds nodes one after the other, starting after ``after`` (after the last placeholder when
+    ``after`` is one: placeholders stay first)."""
+
+    def __init__(self, graph: torch.fx.Graph, after: torch.fx.Node, fake_mode: Any = None) -> None:
+        if after.op == "placeholder":
+            after = [n for n in graph.nodes if n.op == "placeholder"][-1]
+        self.graph, self.cursor, self.fake_mode = graph, after, fake_mode
+
+    def __call__(
+        self, op: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None
+    ) -> torch.fx.Node:
+        with self.graph.inserting_after(self.cursor):
+            self.cursor = call(self.graph, op, args, kwargs, fake_mode=self.fake_mode)
+        return self.cursor
+
+
+def argument(node: torch.fx.Node, name: str, default: Any = None) -> Any:
+    """``node``'s argument ``name``, positional or keyword, by the op's schema."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return default
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == name:
+            return node.args[i] if i < len(node.args) and not arg.kwarg_only else default
+    return default
+
+
+def constant_value(program: ExportedProgram, node: Any) -> torch.Tensor | None:
+    """The value of a placeholder that is a lifted constant or a buffer forward never mutates."""
+    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None
+    sig = program.graph_signature
+    name = sig.inputs_to_lifted_tensor_constants.get(node.name)
+    if name is not None:
+        value = program.constants.get(name)
+        return value if isinstance(value, torch.Tensor) else None
+    name = sig.inputs_to_buffers.get(node.name)
+    if name is not None and name not in set(sig.buffers_to_mutate.values()):
+        value = program.state_dict.get(name, program.constants.get(name))
+        return value if isinstance(value, torch.Tensor) else None
+    return None

@@ -1,0 +1,43 @@
+"""A few architectures of bench/bench_coverage.py, as users build them (SDPA, padding masks,
+serving-style dynamic shapes), against the issue's bar: each one XNNPACK subgraph, delegated
+share over compute ops at least 95% static and 90% dynamic, both targets matching eager (on every
+declared range's min, max-1 and max) and the weight proof passing. The whole sweep (45
+architectures, with the plain libraries and latency) is the bench; these run in ``make
+test-slow``."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+
+pytestmark = pytest.mark.slow
+
+#: (architecture, whether its dynamic shapes stay within XNNPACK 1.4.1's one dynamic size per
+#: reshape: a text encoder's batch and sequence together do not)
+CASES = [("llama", True), ("vit", True), ("bert", False)]
+
+
+def _assert_export(row: dict[str, Any], share: float, label: str) -> None:
+    assert "error" not in row, row
+    assert not row["errors"], row["errors"]
+    assert row["weights"], row.get("weights_error")
+    assert row["parity"] == {"onnx": True, "xnnpack": True}, row
+    d = row["xnnpack"]
+    assert d["subgraphs"] == 1, (label, d)
+    assert d["share"] >= share, (label, d)
+    assert row["ref_std"] > 1e-3  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize(("name", "dynamic_ok"), CASES, ids=[c[0] for c in CASES])
+def test_architecture_meets_the_bar(name: str, dynamic_ok: bool) -> None:
+    from bench_coverage import run_one
+
+    result = run_one(name, "test", dx_only=True, kinds=("static", "dynamic") if dynamic_ok else ("static",))
+    _assert_export(result["dx_static"], 0.95, f"{name} static")
+    if dynamic_ok:
+        _assert_export(result["dx_dynamic"], 0.90, f"{name} dynamic ({result['dynamic']})")

@@ -1,0 +1,169 @@
+"""XNNPACK's own forms of ops it refuses, each checked on the program (fast, no lowering): the
+rewritten XNNPACK program computes what the shared program computes, and the refused op is gone.
+One library limit is shown as the strict xfail it is (two dynamic sizes in one view)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+from dualexport.exporters.base import ExportOptions
+from dualexport.exporters.xnnpack import XnnpackExporter
+from dualexport.pipeline.export import shared_passes
+from dualexport.shared_state import SharedProgram
+from dualexport.shared_state.passes import FoldSymbolic, IndexAsView
+
+aten = torch.ops.aten
+
+
+def _programs(
+    model: nn.Module, args: tuple, dynamic: Any = None
+) -> tuple[SharedProgram, torch.export.ExportedProgram]:
+    shared = SharedProgram.capture(model.eval(), args, None, dynamic)
+    shared.apply_passes(shared_passes(ExportOptions()))
+    return shared, XnnpackExporter().decompose(shared.exported_program)
+
+
+def _targets(program: torch.export.ExportedProgram) -> set[Any]:
+    return {n.target for n in program.graph.nodes if n.op == "call_function"}
+
+
+class Norms(nn.Module):
+    """GroupNorm (wav2vec2's first conv), a strided slice (Cohere's rotary), ``x @ W.T``
+    (Falcon's linear), an empty part concatenated (Phi-3's rotary), a tied embedding and head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3)
+        self.norm = nn.GroupNorm(8, 8)
+        self.w = nn.Parameter(torch.randn(6, 8))
+        self.emb = nn.Embedding(20, 6)
+        self.head = nn.Linear(6, 20, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.norm(self.conv(x)).transpose(1, 2)  # [N, L, 8]
+        h = torch.cat((h[..., ::2], h[..., 1::2]), -1)
+        h = torch.cat((h, h[..., :0]), -1) @ self.w.T  # [N, L, 6]
+        return h, self.head(self.emb(ids) + h[:, :1])
+
+
+def test_refused_ops_have_xnnpack_forms() -> None:
+    torch.manual_seed(0)
+    model = Norms()
+    args = (torch.randn(2, 4, 10), torch.randint(0, 20, (2, 3)))
+    shared, xnn = _programs(model, args)
+    ops = _targets(xnn)
+    assert not ops & {
+        aten.native_group_norm.default,
+        aten.group_norm.default,
+        aten.mm.default,
+        aten.matmul.default,
+    }
+    assert all(n.args[4] == 1 for n in xnn.graph.nodes if n.target is aten.slice.Tensor and len(n.args) > 4)
+    gathers = [n for n in xnn.graph.nodes if n.target is aten.embedding.default]
+    head = [n for n in xnn.graph.nodes if n.target is aten.linear.default][-1]
+    assert gathers and gathers[0].args[0] is not head.args[1]  # the gather has its own placeholder
+    with torch.no_grad():
+        want = model(*args)
+        got = xnn.module()(*args)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    assert aten.group_norm.default in _targets(shared.exported_program)  # the rewrite is XNNPACK's alone
+
+
+class Positions(nn.Module):
+    """A decoder's shape-only prologue under a dynamic sequence: a causal mask and rotary
+    tables from ``arange(seq)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", torch.arange(1, 5).float() / 10, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[1]
+        pos = torch.arange(s)
+        mask = (pos[None, :] <= pos[:, None]).float()
+        angles = pos[:, None].float() * self.inv_freq
+        return x * angles.cos().repeat(1, 2) + mask.sum(-1, keepdim=True)
+
+
+def test_shape_only_values_fold_as_checked_slices() -> None:
+    """Under a dynamic sequence the mask and the tables become constants at the largest size,
+    sliced to the actual one, after a check at every size of the range."""
+    model = Positions()
+    x = torch.randn(1, 5, 8)
+    shared = SharedProgram.capture(model, (x,), None, ({1: Dim("s", min=2, max=12)},))
+    records = shared.apply_passes([FoldSymbolic()])
+    assert records[0].modified
+    ops = _targets(shared.exported_program)
+    assert aten.arange.default not in ops and aten.arange.start not in ops, ops
+    for s in (2, 7, 12):
+        y = torch.randn(1, s, 8)
+        torch.testing.assert_close(shared.run_eager(y), model(y), rtol=0, atol=0)
+
+
+def test_a_value_that_is_not_a_prefix_is_not_folded() -> None:
+    """``arange(s)`` reversed is no slice of its largest value: it stays computed."""
+
+    class Reversed(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.arange(x.shape[1]).flip(0).float()
+
+    shared = SharedProgram.capture(Reversed(), (torch.randn(1, 5),), None, ({1: Dim("s", min=2, max=12)},))
+    shared.apply_passes([FoldSymbolic()])
+    assert aten.flip.default in _targets(shared.exported_program)
+    for s in (2, 12):
+        y = torch.randn(1, s)
+        torch.testing.assert_close(shared.run_eager(y), Reversed()(y), rtol=0, atol=0)
+
+
+def test_index_by_arange_is_a_view() -> None:
+    """transformers' mask expansion and a constant-range index, as unsqueeze and slice."""
+
+    class Gathers(nn.Module):
+        def forward(self, m: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            b, s = m.shape
+            return m[torch.arange(b)[:, None, None, None], torch.arange(s)[None, None, None, :]], y[
+                :, :, torch.arange(2, 5)
+            ]
+
+    args = (torch.randint(0, 2, (2, 6)), torch.randn(2, 3, 7))
+    shared = SharedProgram.capture(Gathers(), args)
+    shared.apply_passes(shared_passes(ExportOptions(canonicalize=False)))  # fold the aranges
+    assert shared.apply_passes([IndexAsView()])[0].modified
+    assert aten.index.Tensor not in _targets(shared.exported_program)
+    for got, want in zip(shared.run_eager(*args), Gathers()(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="ExecuTorch 1.4.1's XNNPACK reshape (static_reshape) takes at most one dynamic dimension "
+    "(ViewCopyConfig; op_view_copy.py: 'XNNPACK reshape only supports 1 dynamic dimension'): with a "
+    "dynamic batch and sequence, a text encoder's head split [B, S, E] -> [B, S, H, D] stays outside "
+    "the delegate, in every layer",
+)
+def test_two_dynamic_sizes_in_one_view_are_a_library_limit() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.devtools.backend_debug import get_delegation_info
+    from executorch.exir import to_edge_transform_and_lower
+
+    class Heads(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            return F.relu(x.view(b, s, 4, 8)).transpose(1, 2)
+
+    ep = torch.export.export(
+        Heads(), (torch.randn(2, 6, 32),), dynamic_shapes=({0: Dim("b", max=8), 1: Dim("s", max=16)},)
+    )
+    edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+    rows = get_delegation_info(edge.exported_program().graph_module).delegation_by_operator
+    outside = {op for op, row in rows.items() if row.non_delegated and op != "getitem"}
+    assert "aten_view_copy_default" not in outside, outside
