@@ -43,9 +43,10 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-# The default run: the checks, then the fast cases (well under CI's budget on 2 cores).
+# The default run: the checks, then the fast cases on two workers (CI's two cores; a test file
+# stays on one worker, so its module-scoped exports are built once).
 test: lint
-	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider
+	$(PY) -m pytest -m "not slow" -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 # Slow cases alone (real Hugging Face architectures, big models).
 test-slow: install

@@ -26,6 +26,12 @@ warnings.filterwarnings("ignore")
 logging.getLogger("torch").setLevel(logging.ERROR)
 torch.manual_seed(0)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on CI's two cores: one compute thread each (and in the runtime
+    # children they start, which inherit the environment), not two workers fighting over four
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
 
 @pytest.fixture
 def out_dir(tmp_path: pathlib.Path) -> pathlib.Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 import torch
 
 import dualexport as dx
@@ -186,6 +187,7 @@ print(cache_keys(shared, ("onnx", "xnnpack"), dualexport.ExportOptions())["xnnpa
 """
 
 
+@pytest.mark.slow
 def test_two_clones_at_different_paths_agree_and_an_edited_copy_does_not(tmp_path: pathlib.Path) -> None:
     """Copies of the package source at two paths give the same key; editing the package's code
     (a changed lowering would) changes it."""

@@ -157,7 +157,9 @@ def test_plain_library_fails(case: str) -> None:
         raise
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[pytest.mark.slow] if c == "t5_encoder" else []) for c in CASES]
+)
 def test_dualexport_exports_both_targets_with_parity(case: str, tmp_path: pathlib.Path) -> None:
     build, _, _ = CASES[case]
     model, args = build()

@@ -54,6 +54,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_readme_pt2_example_runs_and_the_terminal_holds_only_dualexport_lines(tmp_path: pathlib.Path) -> None:
     python, commands = _readme_example("pt2")
     made = subprocess.run(

@@ -60,7 +60,8 @@ PHASES = [
     pytest.param("onnx", id="onnx-lowered-not-committed"),
     pytest.param("xnnpack", id="xnnpack-after-onnx-done"),
     pytest.param("manifest", id="before-manifest", marks=pytest.mark.slow),
-    pytest.param("commit", id="between-two-renames-of-the-commit"),
+    # the commit's own roll-forward is test_sigkill_between_renames_is_rolled_forward (fast)
+    pytest.param("commit", id="between-two-renames-of-the-commit", marks=pytest.mark.slow),
 ]
 
 
@@ -98,7 +99,7 @@ def test_sigkill_leaves_a_complete_set(phase: str, previous: pathlib.Path, tmp_p
     assert leftovers(out) == []
 
 
-@pytest.mark.parametrize("target", ["xnnpack", "onnx"])
+@pytest.mark.parametrize("target", ["xnnpack", pytest.param("onnx", marks=pytest.mark.slow)])
 def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """SIGINT to the whole process group (a terminal's Ctrl-C: the CLI, its forked lowering
     worker and its runtime children) while a target really lowers: the CLI stops within a few

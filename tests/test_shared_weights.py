@@ -89,7 +89,7 @@ def _albert() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 #: name -> (builder, the tied names that must be one entry, quantize, slow)
 CASES: dict[str, tuple[Callable[[], tuple[nn.Module, tuple]], tuple[str, ...], str | None, bool]] = {
     "hand": (_hand, ("emb.weight", "head.weight"), None, False),
-    "gpt2": (_gpt2, ("model.transformer.wte.weight", "model.lm_head.weight"), None, False),
+    "gpt2": (_gpt2, ("model.transformer.wte.weight", "model.lm_head.weight"), None, True),
     "hand_int8": (_hand, (), "int8", True),
     "llama_tied": (_llama_tied, ("model.model.embed_tokens.weight", "model.lm_head.weight"), None, True),
     "t5_encoder": (_t5_encoder, ("model.shared.weight", "model.encoder.embed_tokens.weight"), None, True),

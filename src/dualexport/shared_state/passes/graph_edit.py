@@ -50,13 +50,17 @@ def lift_constant(
     user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     anchor = placeholders[user_idx] if user_idx < len(placeholders) else None
+    # FX names a placeholder's argument by its target, and keeps the names of erased nodes
+    # reserved (a new node then gets a suffixed name but the asked-for target): both are taken
     taken = set(program.constants) | set(program.state_dict) | {n.name for n in graph.nodes}
+    taken |= {n.target for n in graph.nodes if n.op == "placeholder"} | _reserved_names(graph)
     counter = 0
     while f"{prefix}_{counter}" in taken:
         counter += 1
     ctx = graph.inserting_before(anchor) if anchor is not None else graph.inserting_after(placeholders[-1])
     with ctx:
         ph = graph.placeholder(f"{prefix}_{counter}")
+    ph.target = ph.name  # the argument, the spec and the constant share one name
     if meta_from is not None:
         ph.meta.update({k: v for k, v in meta_from.meta.items() if k in ("stack_trace", "nn_module_stack")})
     fake_mode = fake_mode if fake_mode is not None else fake_mode_of(program)
@@ -70,6 +74,12 @@ def lift_constant(
     )
     program._graph_signature = ExportGraphSignature(input_specs=specs, output_specs=list(sig.output_specs))
     return ph
+
+
+def _reserved_names(graph: torch.fx.Graph) -> set[str]:
+    """Names FX's namespace has handed out (erased nodes' included)."""
+    namespace = getattr(graph, "_graph_namespace", None)
+    return set(getattr(namespace, "_used_names", ()))
 
 
 def drop_dead_constants(program: ExportedProgram) -> None:
