@@ -50,7 +50,7 @@ test: lint
 
 # Slow cases alone (real Hugging Face architectures, big models).
 test-slow: install
-	$(PY) -m pytest -m slow -q -p no:cacheprovider
+	$(PY) -m pytest -m slow -q -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 test-all: install
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -58,7 +58,7 @@ PHASES = [
     pytest.param("capture", id="capture"),
     pytest.param("transform", id="transform"),
     pytest.param("onnx", id="onnx-lowered-not-committed"),
-    pytest.param("xnnpack", id="xnnpack-after-onnx-done"),
+    pytest.param("xnnpack", id="xnnpack-after-onnx-done", marks=pytest.mark.slow),
     pytest.param("manifest", id="before-manifest", marks=pytest.mark.slow),
     # the commit's own roll-forward is test_sigkill_between_renames_is_rolled_forward (fast)
     pytest.param("commit", id="between-two-renames-of-the-commit", marks=pytest.mark.slow),

@@ -120,6 +120,7 @@ class DeepCNN(torch.nn.Module):
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
+@pytest.mark.slow
 def test_a_deep_cnn_with_realistic_activations_passes_by_default(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model = DeepCNN()

@@ -91,7 +91,13 @@ def _staging_left(out: pathlib.Path) -> list[str]:
 # A forked worker that changes a weight changes its own copy of the holder: the parent's program
 # and the file are intact, so there is nothing to refuse; that case runs in-process only.
 _PARAMS = [
-    pytest.param(case, forked, id=f"{case}-{'forked' if forked else 'in-process'}")
+    pytest.param(
+        case,
+        forked,
+        id=f"{case}-{'forked' if forked else 'in-process'}",
+        # the forked path's own refusal is the range one; the others repeat in-process checks
+        marks=[pytest.mark.slow] if forked and case != "lowering-narrows-a-range" else [],
+    )
     for case in REFUSALS
     for forked in (False, True)
     if not (forked and case == "lowering-changes-a-weight")

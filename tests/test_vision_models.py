@@ -1,5 +1,6 @@
 """Common torchvision classifiers (random weights, realistic activations) on both targets,
-through the same stages as the zoo; one runs by default, the rest with ``make test-slow``."""
+through the same stages as the zoo, with ``make test-slow`` (the default run has the zoo's CNNs
+and the Hugging Face ResNet)."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_coverage_table_matches_a_fresh_zoo_run(zoo_dir: pathlib.Path) -> None:
     from zoo.coverage import rows_for
 
     rows = _committed_rows()
-    for case in ZOO:
+    for case in (c for c in ZOO if not c.slow):  # the slow ones: scripts/gen_coverage.py --check
         for fresh in rows_for(case_run(case, zoo_dir)):
             committed = rows[(case.name, fresh.cells["target"])]
             assert fresh.stable() == tuple(committed[c] for c in _STABLE), (

@@ -405,6 +405,7 @@ ZOO: tuple[Case, ...] = (
         lambda: ((_r(2, 5, 8),), {}),
         description="nn.GRU (unrolled by torch.export)",
         xnnpack_subgraphs=1,
+        slow=True,  # the default run has the LSTM
         onnx_ops=_ops("Gemm"),
     ),
     Case(
@@ -554,6 +555,7 @@ ZOO: tuple[Case, ...] = (
         int8_calibration=16,
         xnnpack_subgraphs=1,
         onnx_ops=_ops("QuantizeLinear", "DequantizeLinear"),
+        slow=True,  # the default run quantizes this MLP in tests/test_quantize.py
     ),
     Case(
         "int8_cnn",

@@ -97,7 +97,7 @@ def _case(
 
 
 VISION_CASES: tuple[Case, ...] = (
-    _case("mobilenet_v2", 128, "inverted residuals, ReLU6, depthwise", slow=False),
+    _case("mobilenet_v2", 128, "inverted residuals, ReLU6, depthwise"),
     _case("mobilenet_v3_small", 128, "hardswish, squeeze-excitation with hardsigmoid"),
     _case("mobilenet_v3_large", 128, "hardswish, squeeze-excitation with hardsigmoid"),
     _case("resnet18", 128, "basic blocks, max pooling"),
