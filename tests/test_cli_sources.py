@@ -211,6 +211,7 @@ def test_int8_random_calibration_transform_options_and_no_cache(
         (["--calibration-random", "2"], "without --quantize"),
         (["--quantize", "int8"], "needs calibration data"),
         (["--quantize", "int8", "--calibration", "missing.pt", "--calibration-random", "2"], "both given"),
+        (["--quantize", "int8-dynamic", "--calibration-random", "2"], "takes no calibration"),
         (["--option", "frobnicate=1"], "ExportOptions' fields"),
         (["--option", "parallel=maybe"], "parallel takes"),
     ],

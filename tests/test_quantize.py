@@ -4,6 +4,7 @@ and zero points and agree with the quantized eager reference within one quantiza
 
 from __future__ import annotations
 
+import json
 import pathlib
 import struct
 
@@ -206,3 +207,32 @@ assert not r.errors and "onnx" in r.artifacts, r.errors
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=tests, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_int8_dynamic_from_the_cli_shares_codes_and_fuses_in_onnx_runtime(tmp_path: pathlib.Path) -> None:
+    """``--quantize int8-dynamic``: no calibration; the int8 codes and scales are the same bytes in
+    both files (the weight proof), ONNX Runtime fuses the ONNX form into its integer kernels, and
+    both files agree with the quantized program (compare DIR exits 0)."""
+    import onnxruntime as ort
+
+    from dualexport.cli import main
+
+    out = tmp_path / "dyn"
+    argv = ["export", "dualexport.examples:TinyMLP", "--input", "4x16", "--out", str(out), "--name", "m"]
+    assert main([*argv, "--quantize", "int8-dynamic"]) == 0
+    assert main(["compare", str(out)]) == 0
+    manifest = json.loads((out / "m.weights.json").read_text())
+    int8 = [e for e in manifest["entries"] if e["dtype"] == "int8"]
+    assert int8, manifest["entries"]
+    for e in int8:
+        assert {c["status"] for c in e["copies"]["onnx"]} == {"exact"}, e
+        assert {c["status"] for c in e["copies"]["xnnpack"]} <= {"exact", "transformed"}, e
+    model = onnx.load(str(out / "m.onnx"))
+    ops = {n.op_type for n in model.graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops and "QuantizeLinear" not in ops
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / "m.onnx"), options, providers=["CPUExecutionProvider"])
+    fused = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+    linears = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    assert fused.count("DynamicQuantizeMatMul") + fused.count("MatMulIntegerToFloat") == linears, fused

@@ -91,6 +91,13 @@ def _calibration(ns: argparse.Namespace, source: Any, args: tuple[Any, ...] | No
                 hint="add --quantize int8, or drop the calibration option",
             )
         return None
+    if ns.quantize == "int8-dynamic":
+        if given:
+            raise InputError(
+                "--quantize int8-dynamic quantizes activations at run time and takes no calibration",
+                hint="drop --calibration/--calibration-random, or use --quantize int8 (static)",
+            )
+        return None
     if ns.calibration is not None and ns.calibration_random is not None:
         raise InputError("--calibration and --calibration-random were both given", hint="pass one of them")
     if not given:
@@ -369,10 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--quantize",
-        choices=["int8"],
+        choices=["int8", "int8-dynamic"],
         default=None,
         help="int8: PT2E static per-channel quantization of the shared program, for both targets "
-        "(needs --calibration or --calibration-random)",
+        "(needs --calibration or --calibration-random); int8-dynamic: int8 linear weights, "
+        "activations quantized at run time (no calibration)",
     )
     e.add_argument(
         "--calibration",
