@@ -37,3 +37,21 @@ def test_torch_onnx_prepare_step_exists_and_copies() -> None:
     dec = _core._prepare_exported_program_for_export(ep, registry=reg)
     assert dec is not ep and dec.state_dict is not ep.state_dict
     assert callable(_core._exported_program_to_onnx_program)
+
+
+def test_the_cia_walk_still_sees_an_op_registered_after_it() -> None:
+    """dualexport skips torch's per-namespace walk of the CompositeImplicitAutograd registrations
+    while they are unchanged (shared_state/dispatch_walk.py); an op registered afterwards must
+    still be collected as preservable, and the walk must be the one torch calls."""
+    from torch._export import utils
+
+    import dualexport.shared_state.program  # noqa: F401  (installs the skip)
+
+    assert getattr(utils._materialize_cpp_cia_ops, "dualexport_walk_once", False)
+    before = utils._collect_all_valid_cia_ops()
+    lib = torch.library.Library("dxseam", "DEF")  # noqa: TOR901
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    after = utils._collect_all_valid_cia_ops()
+    assert torch.ops.dxseam.twice.default in after and torch.ops.dxseam.twice.default not in before
+    assert before <= after

@@ -23,6 +23,7 @@ from ..errors import (
     TransformError,
 )
 from .contract import InputSpec, input_specs
+from .dispatch_walk import walk_cia_ops_once_per_change
 from .fingerprint import (
     ProgramFingerprint,
     ShapeEnvSnapshot,
@@ -40,6 +41,9 @@ from .transforms import TransformRecord, run_transform, transform_kind, transfor
 __all__ = ["SharedProgram", "Pin", "reference_module", "narrowed_error"]
 
 logger = logging.getLogger(__name__)
+
+# every decomposition of an export (ours, torch.onnx's, ExecuTorch's) pays for it: see the module
+walk_cia_ops_once_per_change()
 
 
 @dataclass(frozen=True)
