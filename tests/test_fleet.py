@@ -124,6 +124,7 @@ def test_estimate_counts_weights_on_the_meta_device(tmp_path: pathlib.Path) -> N
 
 
 # ----------------------------------------------------------------------------- local engine
+@pytest.mark.slow  # the default run has the local pool in test_killed_worker_and_timeout_fail_only_their_entry
 def test_local_batch_reruns_incrementally_and_diffs(tmp_path: pathlib.Path) -> None:
     """First run: every entry lowered, checked, paged. Unchanged re-run: every target reused and
     the checks carried. One entry's weights changed: only that entry patched and checked again."""

@@ -57,7 +57,7 @@ SHA = {seed: weight_sha(tiny(seed)[0]) for seed in (PREVIOUS_SEED, NEW_SEED, RER
 PHASES = [
     pytest.param("capture", id="capture"),
     pytest.param("transform", id="transform"),
-    pytest.param("onnx", id="onnx-lowered-not-committed"),
+    pytest.param("onnx", id="onnx-lowered-not-committed", marks=pytest.mark.slow),
     pytest.param("xnnpack", id="xnnpack-after-onnx-done", marks=pytest.mark.slow),
     pytest.param("manifest", id="before-manifest", marks=pytest.mark.slow),
     # the commit's own roll-forward is test_sigkill_between_renames_is_rolled_forward (fast)

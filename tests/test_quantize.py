@@ -150,7 +150,7 @@ def _planted(qres: dx.ExportResult, what: str) -> str:
     return node.output[0]
 
 
-@pytest.mark.parametrize("what", ["scale", "zero_point"])
+@pytest.mark.parametrize("what", ["scale", pytest.param("zero_point", marks=pytest.mark.slow)])
 def test_planted_wrong_quantization_parameter_fails_and_is_localized(
     what: str, tmp_path: pathlib.Path
 ) -> None:

@@ -77,6 +77,7 @@ def test_linear_weights_are_patched_in_both_files(tmp_path: pathlib.Path) -> Non
     assert all(d.state_dict is again.program.state_dict for d in again.program.decomposed.values())
 
 
+@pytest.mark.slow  # test_shared_weights[hand] patches a transposed copy in the default run
 def test_transposed_onnx_weights_are_patched(tmp_path: pathlib.Path) -> None:
     """A Linear on a 3-D input becomes a MatMul whose weight the ONNX pipeline stores transposed
     (the manifest says ``transformed`` with the permutation): a weights-only change writes the
