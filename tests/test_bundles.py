@@ -97,6 +97,7 @@ def test_an_altered_expected_output_fails_and_is_named(bundled: dx.ExportResult,
     assert bad == {("bundle:seed0/out0", "onnx"), ("bundle:seed1/out0", "xnnpack")}
 
 
+@pytest.mark.slow  # int8 parity itself: tests/test_quantize.py (default run)
 def test_int8_bundles_carry_the_quantized_tolerance(tmp_path: pathlib.Path) -> None:
     """An int8 program's bundles are judged as ``dx.compare`` judges it (one quantization step,
     or the SNR cap without a float model): ONNX Runtime requantizes with its own rounding, so

@@ -224,6 +224,7 @@ def test_two_clones_at_different_paths_agree_and_an_edited_copy_does_not(tmp_pat
     assert ke != ka
 
 
+@pytest.mark.slow  # two exports of a Llama
 def test_same_program_gives_the_same_bytes_whatever_the_process_compiled_before(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -149,6 +149,7 @@ def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tm
     assert leftovers(out) == []
 
 
+@pytest.mark.slow  # the roll-forward itself: test_sigkill_between_renames_is_rolled_forward (fast)
 def test_compare_dir_finishes_an_interrupted_commit(previous: pathlib.Path, tmp_path: pathlib.Path) -> None:
     """``dualexport compare DIR`` on a folder whose commit was killed halfway reads the new set."""
     import shutil

@@ -126,6 +126,7 @@ def test_shared_bytes_are_not_patched(tmp_path: pathlib.Path) -> None:
     assert "xnnpack" not in _patched(again)
 
 
+@pytest.mark.slow  # test_shared_weights: a previous file that computes something else (default run)
 def test_tampered_previous_file_is_lowered_again(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model, args = MLPNorm().eval(), (torch.randn(4, 32),)

@@ -563,6 +563,7 @@ ZOO: tuple[Case, ...] = (
         lambda: ((_r(2, 3, 8, 8),), {}),
         description="Conv + BatchNorm CNN quantized with quantize='int8'",
         int8_calibration=16,
+        slow=True,  # the default run quantizes a Conv + BatchNorm in tests/test_quantize.py
         xnnpack_allowed_non_delegated=None,
         onnx_ops=_ops("QuantizeLinear", "DequantizeLinear"),
     ),
