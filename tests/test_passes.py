@@ -236,6 +236,18 @@ _ZOO_LIVE = [c for c in ZOO if not c.xfail]
 _PLAIN_FAILS = {
     "maxpool_default_stride": "IndexError: tuple index out of range",  # XNNPACK MaxPool2dConfig
     "hf_t5_encoder": "Cannot view a tensor with shape",  # torch.onnx run_decompositions
+    # GPT-2's SDPA (transformers' default): the plain XNNPACK decomposition views the transposed
+    # attention output (the same family, pytorch#136543); ReshapeForView is what prevents it
+    "hf_gpt2": "Cannot view a tensor with shape",
+    "hf_gpt2_dynamic_seq": "Cannot view a tensor with shape",
+}
+
+#: Plain exports that succeed but compute something else than eager: torch.onnx + ONNX Runtime
+#: give a fully masked query row (the padded positions of a padded batch) the mean of the values
+#: where eager gives zeros (tests/test_attention.py::test_plain_onnx_differs_on_fully_masked_rows);
+#: the default export writes the row factor explicitly (ExplicitMaskedRows).
+_PLAIN_DIFFERS = {
+    "hf_bert_dynamic_seq": r"onnx: first divergence\*\* at node `scaled_dot_product_attention`",
 }
 
 
@@ -281,4 +293,8 @@ def test_hf_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> Non
     d, p = default.artifacts["xnnpack"].delegation, plain.artifacts["xnnpack"].delegation
     assert d.subgraphs <= p.subgraphs, (d.to_markdown(), p.to_markdown())
     _proven(case, default)
+    if case.name in _PLAIN_DIFFERS:
+        with pytest.raises(AssertionError, match=_PLAIN_DIFFERS[case.name]):
+            _proven(case, plain)
+        return
     _proven(case, plain)
