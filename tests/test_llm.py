@@ -381,3 +381,23 @@ def test_cli_export_llm_from_a_config_file(
     capsys.readouterr()
     assert main(["generate", str(out / "model.pte"), "--ids", "1,2,3", "-n", "5"]) == 0
     assert "new:" in capsys.readouterr().out
+
+
+def test_export_llm_attention_option_reaches_transformers(tmp_path: pathlib.Path) -> None:
+    """`--attention` (and ``load_decoder(attention=)``): the reference model of a config file runs
+    the implementation asked for; without it, transformers' own default (SDPA), as users get it; a
+    name transformers does not know and a module of the user's own are refused."""
+    from dualexport.cli import build_parser
+    from dualexport.errors import InputError
+    from dualexport.llm import load_decoder
+
+    config = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tiny_llama.json"
+    assert load_decoder(config).config._attn_implementation == "sdpa"
+    assert load_decoder(config, attention="eager").config._attn_implementation == "eager"
+    with pytest.raises(InputError, match="flash"):
+        load_decoder(config, attention="flash")
+    with pytest.raises(InputError, match="module of your own"):
+        load_decoder("dualexport.examples:TinyMLP", attention="eager")
+    ns = build_parser().parse_args(["export-llm", str(config), "--max-seq-len", "8", "--attention", "eager"])
+    assert ns.attention == "eager"
+    assert build_parser().parse_args(["export-llm", str(config), "--max-seq-len", "8"]).attention is None

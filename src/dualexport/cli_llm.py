@@ -22,7 +22,7 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
     from .llm import export_llm, load_decoder
 
     out = console()
-    model = load_decoder(ns.model, seed=ns.seed)
+    model = load_decoder(ns.model, seed=ns.seed, attention=ns.attention)
     with out.status(f"exporting {ns.model} (max_seq_len {ns.max_seq_len}) to {ns.target} ..."):
         res = export_llm(
             model,
@@ -96,6 +96,12 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
     e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
     e.add_argument("--quantize", default="none", choices=("none", "int8", "int4"))
     e.add_argument("--seed", type=int, default=0, help="seed of random weights (config files)")
+    e.add_argument(
+        "--attention",
+        default=None,
+        choices=("sdpa", "eager"),
+        help="attention of the reference model (config files, model folders); default: transformers' own",
+    )
     e.add_argument(
         "--compare",
         action="store_true",

@@ -33,7 +33,22 @@ def _transformers() -> Any:
     return transformers
 
 
-def _from_config(config_path: pathlib.Path, seed: int) -> nn.Module:
+#: attention implementations a user may ask transformers for (None: transformers' own default)
+ATTENTIONS = ("sdpa", "eager")
+
+
+def _attention_kwargs(attention: str | None) -> dict[str, Any]:
+    if attention is None:
+        return {}
+    if attention not in ATTENTIONS:
+        raise InputError(
+            f"unknown attention implementation {attention!r}",
+            hint=f"one of {', '.join(ATTENTIONS)}, or leave it out for transformers' default",
+        )
+    return {"attn_implementation": attention}
+
+
+def _from_config(config_path: pathlib.Path, seed: int, attention: str | None) -> nn.Module:
     tf = _transformers()
     try:
         config = tf.AutoConfig.from_pretrained(str(config_path), local_files_only=True)
@@ -44,7 +59,7 @@ def _from_config(config_path: pathlib.Path, seed: int) -> nn.Module:
         ) from exc
     torch.manual_seed(seed)
     try:
-        return tf.AutoModelForCausalLM.from_config(config).eval()
+        return tf.AutoModelForCausalLM.from_config(config, **_attention_kwargs(attention)).eval()
     except Exception as exc:
         raise InputError(
             f"transformers has no causal LM for {type(config).__name__}: {exc}",
@@ -52,23 +67,33 @@ def _from_config(config_path: pathlib.Path, seed: int) -> nn.Module:
         ) from exc
 
 
-def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0) -> nn.Module:
-    """The decoder ``ref`` names (see the module docstring); random weights are seeded by ``seed``."""
+def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0, attention: str | None = None) -> nn.Module:
+    """The decoder ``ref`` names (see the module docstring); random weights are seeded by ``seed``.
+    ``attention`` ("sdpa", "eager") is the implementation the reference model runs with; None
+    keeps transformers' own default (SDPA wherever the model supports it), as users get it. A
+    MODULE:ATTR model is the user's own and keeps what it was built with."""
     path = pathlib.Path(ref)
     if path.is_dir():
         if any((path / f).is_file() for f in _WEIGHT_FILES):
             tf = _transformers()
             try:
-                return tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+                return tf.AutoModelForCausalLM.from_pretrained(
+                    str(path), local_files_only=True, **_attention_kwargs(attention)
+                ).eval()
             except Exception as exc:
                 raise InputError(
                     f"cannot load the model in {path}: {exc}", hint="check the folder's config and weights"
                 ) from exc
         if (path / "config.json").is_file():
-            return _from_config(path / "config.json", seed)
+            return _from_config(path / "config.json", seed, attention)
         raise InputError(f"{path} holds no config.json", hint="pass a transformers model folder")
     if path.suffix == ".json":
         if not path.is_file():
             raise InputError(f"{path} does not exist", hint="pass the path of a transformers config.json")
-        return _from_config(path, seed)
+        return _from_config(path, seed, attention)
+    if attention is not None:
+        raise InputError(
+            f"attention={attention!r} was given for {ref}, a module of your own",
+            hint="build the module with the attention you want; the option is for config files and model folders",
+        )
     return load_model(str(ref))
