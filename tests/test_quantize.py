@@ -236,3 +236,24 @@ def test_int8_dynamic_from_the_cli_shares_codes_and_fuses_in_onnx_runtime(tmp_pa
     fused = [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
     linears = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
     assert fused.count("DynamicQuantizeMatMul") + fused.count("MatMulIntegerToFloat") == linears, fused
+
+
+def test_the_report_shows_each_file_against_the_float_model(qres: dx.ExportResult) -> None:
+    """What a user asks first about an int8 file: how close is it to the float model? The
+    quantized reference and both files, with cosine and (scores on the last axis) top-1
+    agreement; in the JSON and on the page, and not part of the verdict."""
+    report = dx.compare(qres)
+    assert report.ok
+    for o in report.outputs:
+        assert set(o.against_float) == {"eager", "onnx", "xnnpack"}, o.against_float
+        ref = o.against_float["eager"]
+        for rt in ("onnx", "xnnpack"):
+            a = o.against_float[rt]
+            assert 0.9 < a.cosine <= 1.0 + 1e-9 and abs(a.snr_db - ref.snr_db) < 6.0, (rt, a, ref)
+            assert a.top1 is not None and 0.0 <= a.top1 <= 1.0
+    payload = report.to_dict()["outputs"][0]["against_float"]
+    assert set(payload) == {"eager", "onnx", "xnnpack"} and "top1" in payload["onnx"]
+    from dualexport.parity.html import render_html
+
+    page = render_html(report)
+    assert "Against the float model" in page and "top-1 agreement" in page

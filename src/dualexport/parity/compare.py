@@ -17,6 +17,7 @@ from ..runtimes.eager import EagerRunner
 from ..shared_state.contract import check_input_shapes, flatten_inputs, is_stateful
 from ..shared_state.fingerprint import ranges_kept
 from .judge import judge, output_tolerance, quantization_noise
+from .metrics import FloatAgreement, float_agreement
 from .report import Divergence, OutputParity, ParityReport
 from .tolerances import quantized_node_tolerance, tolerance_for
 
@@ -102,7 +103,8 @@ def run_parity(
                 errors[rt] = str(exc)
         for step in range(steps):
             ref = eager.run(flat)
-            noise = quantization_noise(ref, floats.run(flat)) if floats is not None else {}
+            float_outs = floats.run(flat) if floats is not None else None
+            noise = quantization_noise(ref, float_outs) if float_outs is not None else {}
             got: dict[str, list[torch.Tensor]] = {}
             for rt, runner in runners.items():
                 if rt in errors:
@@ -133,6 +135,7 @@ def run_parity(
                     tols[rt] = tol
                     if r.dtype.is_floating_point:
                         hists[rt] = error_histogram(outs[i], r)
+                against_float = _against_float(r, {rt: outs[i] for rt, outs in got.items()}, float_outs, i)
                 cross = None
                 if len(got) == 2:
                     a, b = (got[rt][i] for rt in got)
@@ -148,6 +151,7 @@ def run_parity(
                         tols,
                         cross,
                         hists,
+                        against_float,
                     )
                 )
                 for rt, m in metrics.items():
@@ -181,6 +185,23 @@ def run_parity(
         library_versions(),
         errors,
     )
+
+
+def _against_float(
+    reference: torch.Tensor,
+    runtimes: Mapping[str, torch.Tensor],
+    float_outs: Sequence[torch.Tensor] | None,
+    index: int,
+) -> dict[str, FloatAgreement]:
+    """The quantized reference ("eager") and each runtime against the float model's output."""
+    if float_outs is None or index >= len(float_outs):
+        return {}
+    out = {}
+    for who, value in {"eager": reference, **runtimes}.items():
+        agreement = float_agreement(value, float_outs[index])
+        if agreement is not None:
+            out[who] = agreement
+    return out
 
 
 def _localize(

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ParitySection",
     "MetricRow",
+    "FloatRow",
     "RuntimeFailure",
     "DivergenceNote",
     "parity_section",
@@ -51,6 +52,17 @@ class MetricRow:
     mismatch_pct: float
     tolerance: str
     ok: bool
+
+
+@dataclass(frozen=True)
+class FloatRow:
+    """One output of the quantized reference or a runtime against the float model."""
+
+    output: str
+    who: str
+    cosine: float
+    snr_db: float
+    top1: float | None
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,7 @@ class ParitySection:
     charts: tuple[str, ...]
     divergences: tuple[DivergenceNote, ...]
     divergence_chart: str
+    float_rows: tuple[FloatRow, ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -109,6 +122,20 @@ def _rows(report: ParityReport) -> tuple[MetricRow, ...]:
         )
         for o in report.outputs
         for rt, m in o.metrics.items()
+    )
+
+
+def _float_rows(report: ParityReport) -> tuple[FloatRow, ...]:
+    return tuple(
+        FloatRow(
+            _output_label(o.label, o.shape),
+            "eager (int8 reference)" if who == "eager" else runtime_label(who),
+            a.cosine,
+            a.snr_db,
+            a.top1,
+        )
+        for o in report.outputs
+        for who, a in o.against_float.items()
     )
 
 
@@ -184,6 +211,7 @@ def parity_section(report: ParityReport) -> ParitySection:
             if d is not None
         ),
         divergence_chart=_divergence_chart(report),
+        float_rows=_float_rows(report),
     )
 
 

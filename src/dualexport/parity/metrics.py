@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Metrics", "compute_metrics"]
+__all__ = ["Metrics", "compute_metrics", "FloatAgreement", "float_agreement"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +103,41 @@ def compute_metrics(
     if not ok and or_snr_db is not None and nonfinite_ok:
         ok = snr >= or_snr_db
     return Metrics(max_abs, max_rel, cosine, snr, mismatch_pct, nonfinite_ok, True, ok)
+
+
+@dataclass(frozen=True)
+class FloatAgreement:
+    """A quantized output against the float model it approximates: what a user asks first about an
+    int8 file (how much did quantization cost?), apart from whether the file computes its own
+    program. ``top1``: the share of rows (all but the last axis) whose arg-max matches, for an
+    output whose last axis holds scores (a classifier's or an LM's logits); None otherwise."""
+
+    cosine: float
+    snr_db: float
+    top1: float | None
+
+    def to_dict(self) -> dict[str, float | str | None]:
+        def enc(v: float | None) -> float | str | None:
+            if isinstance(v, float) and not math.isfinite(v):
+                return "inf" if v > 0 else ("-inf" if v < 0 else "nan")
+            return v
+
+        return {"cosine": enc(self.cosine), "snr_db": enc(self.snr_db), "top1": enc(self.top1)}
+
+
+def float_agreement(actual: torch.Tensor, float_reference: torch.Tensor) -> FloatAgreement | None:
+    """``actual`` against the float model's output (None when they cannot be compared: another
+    shape, or not floating point)."""
+    if (
+        tuple(actual.shape) != tuple(float_reference.shape)
+        or not actual.dtype.is_floating_point
+        or not float_reference.dtype.is_floating_point
+    ):
+        return None
+    m = compute_metrics(actual, float_reference, rtol=0.0, atol=0.0)
+    top1 = None
+    if actual.dim() >= 2 and actual.shape[-1] >= 2 and actual.numel() > 0:
+        a = actual.detach().reshape(-1, actual.shape[-1]).argmax(-1)
+        r = float_reference.detach().reshape(-1, actual.shape[-1]).argmax(-1)
+        top1 = float((a == r).double().mean())
+    return FloatAgreement(m.cosine, m.snr_db, top1)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import Metrics
+from .metrics import FloatAgreement, Metrics
 from .tolerances import Tolerance
 
 __all__ = ["OutputParity", "Divergence", "ParityReport", "REPORT_SCHEMA", "html_table", "NOTEBOOK_STYLE"]
@@ -30,6 +30,10 @@ class OutputParity:
     tolerance: Mapping[str, Tolerance]
     cross: Metrics | None = None
     histograms: Mapping[str, tuple[tuple[float, ...], tuple[int, ...]]] = field(default_factory=dict)
+    #: an int8 program's output against the float model it was quantized from: "eager" (the
+    #: quantized reference) and each runtime; informative, not part of ``ok`` (the files are
+    #: judged against their own program)
+    against_float: Mapping[str, FloatAgreement] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +93,7 @@ class ParityReport:
                     "histograms": {
                         rt: {"edges": list(e), "counts": list(c)} for rt, (e, c) in o.histograms.items()
                     },
+                    "against_float": {k: a.to_dict() for k, a in o.against_float.items()},
                 }
                 for o in self.outputs
             ],
@@ -125,6 +130,13 @@ class ParityReport:
                     f"{_fmt(m.cosine, 6)} | {_fmt(m.snr_db, 1)} | {m.mismatch_pct:.2f} | "
                     f"{t.rtol:g}/{t.atol:g} | {'yes' if m.ok else '**no**'} |"
                 )
+        floats = [(o, k, a) for o in self.outputs for k, a in o.against_float.items()]
+        if floats:
+            lines += ["", "Against the float model (what quantization costs; not part of the verdict):", ""]
+            lines += ["| output | who | cosine | snr_db | top-1 agreement |", "|---|---|---:|---:|---:|"]
+            for o, k, a in floats:
+                top1 = "" if a.top1 is None else f"{a.top1:.4f}"
+                lines.append(f"| {o.label} | {k} | {_fmt(a.cosine, 6)} | {_fmt(a.snr_db, 1)} | {top1} |")
         for rt, err in self.errors.items():
             lines.append(f"\n**{rt} failed to run**: {err}")
         for rt, d in self.divergences.items():
