@@ -257,3 +257,19 @@ def test_the_report_shows_each_file_against_the_float_model(qres: dx.ExportResul
 
     page = render_html(report)
     assert "Against the float model" in page and "top-1 agreement" in page
+
+
+def test_the_manifest_and_the_page_list_what_stayed_in_float(qres: dx.ExportResult) -> None:
+    """The scheme and what the quantizer left in float (op, reason, count) are recorded in the
+    manifest on disk and shown on the export page."""
+    from dualexport.reporting.export_page import render_export_page
+
+    on_disk = json.loads((qres.out_dir / f"{qres.name}.weights.json").read_text())
+    record = on_disk["program"]["quantization"]
+    assert record == json.loads(json.dumps(qres.manifest.program["quantization"]))
+    assert record["scheme"] == "int8" and record["quantized_ops"], record
+    assert isinstance(record["float_ops"], list) and isinstance(record["integer_ops"], int)
+    for f in record["float_ops"]:
+        assert {"op", "reason", "count"} <= set(f), f
+    page = render_export_page(qres)
+    assert "Quantization: int8" in page and "Integer computations" in page

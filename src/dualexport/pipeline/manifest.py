@@ -76,5 +76,11 @@ def build_manifest(
             for t, out in published.items()
         },
         versions=library_versions(),
-        program={"graph_sha256": fp.graph, "shapes_sha256": fp.shapes, "file": f"{name}.pt2"},
+        program={
+            "graph_sha256": fp.graph,
+            "shapes_sha256": fp.shapes,
+            "file": f"{name}.pt2",
+            # int8: the scheme, and what the quantizer left in float and why (issue: listed)
+            **({"quantization": dict(shared.quantization)} if shared.quantization else {}),
+        },
     )

@@ -125,6 +125,27 @@ class TimingRow:
 
 
 @dataclass(frozen=True)
+class FloatOpRow:
+    """Computations an int8 program keeps in float: op, why, how many."""
+
+    op: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True)
+class QuantizationSection:
+    """The int8 scheme and what it left in float (from the manifest's program record)."""
+
+    scheme: str
+    weights: str
+    activations: str
+    quantized_ops: str
+    integer_ops: int
+    float_ops: tuple[FloatOpRow, ...]
+
+
+@dataclass(frozen=True)
 class ExportPage:
     name: str
     verdict: Badge
@@ -142,9 +163,28 @@ class ExportPage:
     versions: tuple[tuple[str, str], ...]
     #: the libraries' warnings and log lines, kept off the terminal (dualexport._quiet)
     library_messages: tuple[str, ...] = ()
+    quantization: QuantizationSection | None = None
 
 
 # ----------------------------------------------------------------------------- gathering
+def _quantization(res: ExportResult) -> QuantizationSection | None:
+    """The manifest's record of an int8 export (None for a float one)."""
+    record = res.manifest.program.get("quantization")
+    if not isinstance(record, Mapping):
+        return None
+    weights = record.get("weights", {})
+    return QuantizationSection(
+        scheme=str(record.get("scheme", "")),
+        weights=f"{weights.get('dtype', '')} in {weights.get('range', '')}: {weights.get('why', '')}",
+        activations=str(record.get("activations", "")),
+        quantized_ops=", ".join(f"{op} \u00d7{n}" for op, n in dict(record.get("quantized_ops", {})).items()),
+        integer_ops=int(record.get("integer_ops", 0)),
+        float_ops=tuple(
+            FloatOpRow(str(f["op"]), str(f["reason"]), int(f["count"])) for f in record.get("float_ops", ())
+        ),
+    )
+
+
 def _targets(res: ExportResult) -> list[str]:
     names = set(res.artifacts) | set(res.errors)
     return [t for t in _TARGET_ORDER if t in names] + sorted(names - set(_TARGET_ORDER))
@@ -330,6 +370,7 @@ def export_page(
         timings=tuple(timings),
         versions=tuple((versions or library_versions()).items()),
         library_messages=tuple(getattr(res, "library_messages", ())),
+        quantization=_quantization(res),
     )
 
 

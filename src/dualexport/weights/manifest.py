@@ -107,7 +107,8 @@ class WeightManifest:
     entries: tuple[WeightEntry, ...]
     artifacts: Mapping[str, Mapping[str, Any]]
     versions: Mapping[str, str]
-    program: Mapping[str, str]
+    #: the shared program: graph and shapes digests, its file, and an int8 export's quantization record
+    program: Mapping[str, Any]
 
     def entry(self, name: str) -> WeightEntry:
         for e in self.entries:
