@@ -25,8 +25,17 @@ from typing import Any, ClassVar
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import (
+    OpOverload,
+    onnx_default_opset,
+    onnx_prepare_for_export,
+    onnx_registry,
+    register_quantized_decomposed,
+)
+from ..compat.torch import onnx_program as onnx_program_of
 from ..errors import OnnxLoweringError
 from ..shared_state.contract import RANGES_METADATA, input_specs
+from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
 
@@ -43,9 +52,7 @@ _INLINE_LIMIT = (2 << 30) - (64 << 20)
 def target_opset(options: ExportOptions | None) -> int:
     """The opset of the file: the option, else torch.onnx.export's default (20: Gelu and the
     other fused ops ONNX Runtime runs as one kernel; torchlib's own floor, 18, decomposes them)."""
-    from torch.onnx import _constants
-
-    return (options.onnx_opset if options is not None else None) or _constants.ONNX_DEFAULT_OPSET
+    return (options.onnx_opset if options is not None else None) or onnx_default_opset()
 
 
 _GENERATED = re.compile(r"<eval_with_key>\.\d+")
@@ -76,12 +83,10 @@ def _registry(opset: int = 18) -> Any:
     # The table resolves each translation's op when it is built, and is cached for the process:
     # without the quantized_decomposed library defined first, a process whose first export is
     # not quantized (a reused Ray worker) could never translate a quantized one afterwards.
-    import torch.ao.quantization.fx._decomposed  # noqa: F401
-    from torch.onnx._internal.exporter import _registration
-
     from .onnx_int8 import register_int8_translations
 
-    return register_int8_translations(_registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18)))
+    register_quantized_decomposed()
+    return register_int8_translations(onnx_registry(max(opset, 18)))
 
 
 def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.Node]:
@@ -89,7 +94,7 @@ def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.
     registry = registry or _registry()
     out = []
     for node in program.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         if not registry.is_registered(node.target):
             out.append(node)
@@ -155,11 +160,9 @@ class OnnxExporter:
         return ORT_PIPELINE if options.onnx_passes else ()
 
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
-        from torch.onnx._internal.exporter import _core
-
         from .onnx_int8 import fuse_dynamic_linears
 
-        dec = _core._prepare_exported_program_for_export(program, registry=self.registry(options))
+        dec = onnx_prepare_for_export(program, self.registry(options))
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
         return dec
@@ -189,12 +192,10 @@ class OnnxExporter:
         import onnx
         import onnx_ir as ir
         from onnx_ir.passes.common import RemoveUnusedNodesPass
-        from torch.onnx._internal.exporter import _core
 
         try:
-            onnx_program = _core._exported_program_to_onnx_program(
-                decomposed, registry=self.registry(options)
-            )
+            with walk_cia_ops_once_per_change():
+                onnx_program = onnx_program_of(decomposed, self.registry(options))
         except Exception as exc:
             raise self._diagnose(decomposed, exc) from exc
         model = onnx_program.model

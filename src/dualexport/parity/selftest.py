@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .._versions import library_versions
+from ..compat.executorch import load_bundled_for_executorch, load_bundled_program
 from ..errors import ArtifactFormatError, InputError
 from ..outputs.paths import safe_child
 from ..runtimes.isolated import call_isolated
@@ -91,16 +92,11 @@ def _run_bpte(
     bpte_path: str, data_path: str | None, cases: int, tolerances: list[tuple[float, float]]
 ) -> list[tuple[list[torch.Tensor], str | None]]:
     """In the child: each case's outputs, and the bundled-IO check's verdict (None: passed)."""
-    from executorch.extension.pybindings.portable_lib import (
-        _load_bundled_program_from_buffer,
-        _load_for_executorch_from_bundled_program,
-    )
-
     buffer = pathlib.Path(bpte_path).read_bytes()
-    bundle = _load_bundled_program_from_buffer(buffer)
+    bundle = load_bundled_program(buffer)
     out: list[tuple[list[torch.Tensor], str | None]] = []
     if data_path is not None:
-        module = _load_for_executorch_from_bundled_program(bundle, data_path=data_path)
+        module = load_bundled_for_executorch(bundle, data_path)
         for ins, _ in _bpte_cases(buffer):
             out.append(([o.clone() for o in module.forward(tuple(ins))], None))
         return out

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..compat.torch import is_annotated, pytree
 from ..errors import InputError, TransformError
 
 __all__ = [
@@ -156,7 +157,7 @@ def _left_in_float(prepared: torch.fx.GraphModule, why: Mapping[str, str]) -> di
             integer += 1
             continue
         annotation = node.meta.get(Q_ANNOTATION_KEY)
-        if annotation is not None and getattr(annotation, "_annotated", False):
+        if is_annotated(annotation):
             continue
         reason = why.get(node.name, "no int8 pattern in XNNPACKQuantizer")
         groups.setdefault((op, reason), []).append(node.name)
@@ -259,7 +260,7 @@ def _annotated(node: torch.fx.Node) -> bool:
     return (
         node.op == "call_function"
         and annotation is not None
-        and getattr(annotation, "_annotated", False)
+        and is_annotated(annotation)
         and (annotation.output_qspec is not None or bool(annotation.input_qspec_map))
         and _op(node) not in _MOVES
     )
@@ -268,7 +269,7 @@ def _annotated(node: torch.fx.Node) -> bool:
 def _positional(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
     """The flat positional arguments ``module`` (an unlifted program module) takes for
     ``args``/``kwargs``: its graph's placeholders are the flattened inputs."""
-    flat, _ = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+    flat, _ = pytree.tree_flatten((tuple(args), dict(kwargs)))
     return tuple(flat)
 
 

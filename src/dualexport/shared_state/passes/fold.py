@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ...compat.torch import OpOverload, op_schema
 from .base import ProgramPass
 from .graph_edit import drop_dead_constants, fake_mode_of, lift_constant
 
@@ -38,13 +39,13 @@ def _foldable_op(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return True
-    if not isinstance(target, torch._ops.OpOverload) or target in _NEVER_FOLD:
+    if not isinstance(target, OpOverload) or target in _NEVER_FOLD:
         return False
     if target.namespace in _QUANT_NAMESPACES:  # a folded dequantize would un-quantize the weights
         return False
-    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+    if torch.Tag.nondeterministic_seeded in target.tags or op_schema(target).is_mutable:
         return False
-    return bool(target._schema.returns)
+    return bool(op_schema(target).returns)
 
 
 def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
@@ -67,7 +68,7 @@ def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
 
 def _aliases(node: torch.fx.Node) -> bool:
     """Whether ``node``'s result is a view of its first input (a view op)."""
-    schema = getattr(node.target, "_schema", None)
+    schema = op_schema(node.target)
     return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
 
 
@@ -75,7 +76,7 @@ def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose result an in-place op writes, directly or through views of it."""
     out: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        schema = op_schema(node.target) if node.op == "call_function" else None
         if schema is None or not schema.is_mutable:
             continue
         for arg, value in zip(schema.arguments, node.args, strict=False):
