@@ -151,11 +151,12 @@ def deserialize_flat_tensor(data: bytes) -> Any:
     return _deserialize_to_flat_tensor(data)
 
 
-def default_decomposition_table() -> dict[Any, Any]:
-    """A fresh copy of ExecuTorch's edge decomposition table (the caller may edit it)."""
+def default_decomposition_table() -> Any:
+    """A fresh ExecuTorch edge decomposition table (a torch ``CustomDecompTable``, which the
+    caller may edit: an op popped from it is preserved by ``run_decompositions``)."""
     from executorch.exir.tracer import _default_decomposition_table
 
-    return dict(_default_decomposition_table())
+    return _default_decomposition_table()
 
 
 def fuseable_activations() -> frozenset[Any]:
