@@ -189,8 +189,6 @@ class OnnxExporter:
     def lower(
         self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
     ) -> LoweredTarget:
-        import onnx
-        import onnx_ir as ir
         from onnx_ir.passes.common import RemoveUnusedNodesPass
 
         try:
@@ -210,22 +208,7 @@ class OnnxExporter:
             from onnxscript import version_converter
 
             version_converter.convert_version(model, target_opset(options), fallback=True)
-        state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
-        for item in state:
-            # The state input defaults to the buffer's initial value (an initializer of the same
-            # name), so a first call may omit it; each call returns the updated state.
-            value = next(v for v in model.graph.inputs if v.name == item["input"])
-            value.const_value = ir.tensor(
-                decomposed.state_dict.get(item["buffer"], decomposed.constants.get(item["buffer"]))
-                .detach()
-                .clone()
-                .numpy(),
-                name=item["input"],
-            )
-            model.graph.register_initializer(value)
-            item["output"] = model.graph.outputs[item["output_index"]].name
-        if state:
-            model.metadata_props["dualexport.state"] = json.dumps(state)
+        state = _state_initializers(model, decomposed)
         # The exported dim ranges travel with the file (ONNX cannot state them); our runner and
         # any consumer can refuse out-of-range inputs instead of computing garbage.
         specs = input_specs(decomposed)
@@ -249,6 +232,25 @@ class OnnxExporter:
             RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
         _reproducible_traces(model)
+        files = self._save(model, staging, name, options)
+        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in model.graph}))
+        return LoweredTarget(
+            target=self.target,
+            files=tuple(files),
+            ops=ops,
+            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
+            derived_copies=pipeline.derived,
+            kept_tensors=kept,
+            opset=model.opset_imports.get("", None),
+        )
+
+    def _save(
+        self, model: Any, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> list[pathlib.Path]:
+        """Write ``model`` (and its external data file when a weight is big enough) and check it;
+        the files written."""
+        import onnx
+        import onnx_ir as ir
 
         path = staging / f"{name}.onnx"
         data_name = f"{name}.onnx.data"
@@ -270,14 +272,28 @@ class OnnxExporter:
                 target=self.target,
                 hint="this is usually an exporter bug; try onnx_opset=<another opset>",
             ) from exc
-        files = [path] + ([staging / data_name] if big else [])
-        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in model.graph}))
-        return LoweredTarget(
-            target=self.target,
-            files=tuple(files),
-            ops=ops,
-            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
-            derived_copies=pipeline.derived,
-            kept_tensors=kept,
-            opset=model.opset_imports.get("", None),
+        return [path] + ([staging / data_name] if big else [])
+
+
+def _state_initializers(model: Any, decomposed: ExportedProgram) -> list[dict[str, Any]]:
+    """The program's state (``meta_state``: a buffer carried from call to call) as model inputs
+    defaulting to the buffer's initial value (an initializer of the same name), so a first call
+    may omit it; each call returns the updated state. The state's record, each item completed
+    with its output's name, is also written in the model's metadata."""
+    import onnx_ir as ir
+
+    state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
+    for item in state:
+        value = next(v for v in model.graph.inputs if v.name == item["input"])
+        value.const_value = ir.tensor(
+            decomposed.state_dict.get(item["buffer"], decomposed.constants.get(item["buffer"]))
+            .detach()
+            .clone()
+            .numpy(),
+            name=item["input"],
         )
+        model.graph.register_initializer(value)
+        item["output"] = model.graph.outputs[item["output_index"]].name
+    if state:
+        model.metadata_props["dualexport.state"] = json.dumps(state)
+    return state
