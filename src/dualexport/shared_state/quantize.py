@@ -176,15 +176,7 @@ def quantize_shared(
     """Replace the shared program by its PT2E int8 version: symmetric per-channel int8 weights
     in ``weight_range(targets)``; activations per-tensor int8, calibrated (``"int8"``) or chosen
     at run time (``"int8-dynamic"``, linear layers only)."""
-    if scheme not in SCHEMES:
-        raise InputError(f"quantize={scheme!r} is not supported", hint=f"use one of {', '.join(SCHEMES)}")
-    dynamic = scheme == "int8-dynamic"
-    if not dynamic and calibration is None:
-        raise InputError(
-            "quantize='int8' needs calibration data",
-            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs, or use "
-            "quantize='int8-dynamic' (activations quantized at run time, no calibration)",
-        )
+    dynamic = _check_scheme(scheme, calibration)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from .quantizer import make_quantizer, one_dynamic_quantization_per_linear
@@ -213,19 +205,7 @@ def quantize_shared(
         converted = convert_pt2e(prepared)
         if dynamic:
             one_dynamic_quantization_per_linear(converted)
-        try:
-            return torch.export.export(
-                converted,
-                shared.example_args,
-                shared.example_kwargs or None,
-                dynamic_shapes=shared.dynamic_shapes,
-                strict=False,
-            )
-        except Exception as exc:
-            raise TransformError(
-                f"the quantized graph could not be re-exported: {exc}",
-                hint="quantize a model without data-dependent control flow",
-            ) from exc
+        return _reexport(shared, converted)
 
     float_program = shared.exported_program
     label = "dynamic" if dynamic else "static"
@@ -237,12 +217,7 @@ def quantize_shared(
         "scheme": scheme,
         "quantizer": "XNNPACKQuantizer (integer-safe) symmetric per-channel",
         "weights": {"dtype": "int8", "range": [-qmax, qmax], "why": range_why},
-        "activations": (
-            "int8 per tensor, chosen at run time (eager and ONNX Runtime's DynamicQuantizeLinear "
-            "per tensor; XNNPACK's dynamic fully-connected per row)"
-            if dynamic
-            else f"int8 per tensor, static, calibrated on {len(sets)} input set(s)"
-        ),
+        "activations": _activations(dynamic, len(sets)),
         "calibration_sets": len(sets),
         **record,
         "seconds": round(time.perf_counter() - start, 3),
@@ -251,6 +226,49 @@ def quantize_shared(
         f"quantized to {scheme} with PT2E (weights in [-{qmax}, {qmax}])"
         + ("" if dynamic else f" on {len(sets)} calibration input(s)")
     )
+
+
+def _check_scheme(scheme: str, calibration: Iterable[Any] | None) -> bool:
+    """Refuse an unknown scheme, and static int8 without calibration data; True for the
+    dynamic scheme."""
+    if scheme not in SCHEMES:
+        raise InputError(f"quantize={scheme!r} is not supported", hint=f"use one of {', '.join(SCHEMES)}")
+    dynamic = scheme == "int8-dynamic"
+    if not dynamic and calibration is None:
+        raise InputError(
+            "quantize='int8' needs calibration data",
+            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs, or use "
+            "quantize='int8-dynamic' (activations quantized at run time, no calibration)",
+        )
+    return dynamic
+
+
+def _reexport(shared: Any, converted: torch.nn.Module) -> torch.export.ExportedProgram:
+    """The converted (quantized) module traced again with the shared program's examples and
+    dynamic shapes."""
+    try:
+        return torch.export.export(
+            converted,
+            shared.example_args,
+            shared.example_kwargs or None,
+            dynamic_shapes=shared.dynamic_shapes,
+            strict=False,
+        )
+    except Exception as exc:
+        raise TransformError(
+            f"the quantized graph could not be re-exported: {exc}",
+            hint="quantize a model without data-dependent control flow",
+        ) from exc
+
+
+def _activations(dynamic: bool, sets: int) -> str:
+    """How the activations are quantized, for the export's record."""
+    if dynamic:
+        return (
+            "int8 per tensor, chosen at run time (eager and ONNX Runtime's DynamicQuantizeLinear "
+            "per tensor; XNNPACK's dynamic fully-connected per row)"
+        )
+    return f"int8 per tensor, static, calibrated on {sets} input set(s)"
 
 
 def _annotated(node: torch.fx.Node) -> bool:

@@ -93,16 +93,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def fold_constants(
-    program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES, *, drop_unused: bool = True
-) -> ExportedProgram:
-    """Replace every maximal input-independent subgraph by one lifted constant, in place.
-
-    Returns the same program (edited), so the holder's state_dict stays the one dict. With
-    ``drop_unused=False`` a lifted constant nothing reads any more keeps its (unused)
-    placeholder: a target's program keeps every entry of the holder's, and the weight manifest
-    then reads it as unused by that target.
-    """
+def _evaluate(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, Any]:
+    """Every node whose value is computable now (from lifted constants alone), with that value;
+    results larger than ``max_bytes`` and ops that cannot run eagerly are left out."""
     graph = program.graph
     values: dict[torch.fx.Node, Any] = {}
     constants = _constant_inputs(program)
@@ -128,10 +121,13 @@ def fold_constants(
             if isinstance(result, torch.Tensor) and _nbytes(result) > max_bytes:
                 continue
             values[node] = result
+    return values
 
-    # A value written in place later (the training IR keeps in-place ops: ``x.masked_fill_``),
-    # or aliased by one that is, must stay computed: as a constant it would be mutated, and
-    # what was folded after it would have read it before the write.
+
+def _drop_written(graph: torch.fx.Graph, values: dict[torch.fx.Node, Any]) -> None:
+    """A value written in place later (the training IR keeps in-place ops: ``x.masked_fill_``),
+    or aliased by one that is, must stay computed: as a constant it would be mutated, and what
+    was folded after it would have read it before the write."""
     for bad in _written(graph):
         stack = [bad]
         while stack:
@@ -139,8 +135,10 @@ def fold_constants(
             if values.pop(n, None) is not None or n is bad:
                 stack.extend(u for u in n.users if u in values)
 
-    # A metadata assert on a folded value is decided now: run it once and drop it, so it does
-    # not keep its input alive as a second constant.
+
+def _decide_asserts(graph: torch.fx.Graph, values: dict[torch.fx.Node, Any]) -> None:
+    """A metadata assert on a folded value is decided now: run it once and drop it, so it does
+    not keep its input alive as a second constant."""
     for node in list(graph.nodes):
         if (
             node.op == "call_function"
@@ -154,6 +152,22 @@ def fold_constants(
             except Exception:  # a failing check stays in the program
                 continue
             graph.erase_node(node)
+
+
+def fold_constants(
+    program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES, *, drop_unused: bool = True
+) -> ExportedProgram:
+    """Replace every maximal input-independent subgraph by one lifted constant, in place.
+
+    Returns the same program (edited), so the holder's state_dict stays the one dict. With
+    ``drop_unused=False`` a lifted constant nothing reads any more keeps its (unused)
+    placeholder: a target's program keeps every entry of the holder's, and the weight manifest
+    then reads it as unused by that target.
+    """
+    graph = program.graph
+    values = _evaluate(program, max_bytes)
+    _drop_written(graph, values)
+    _decide_asserts(graph, values)
     frontier = [
         n
         for n in values
