@@ -310,6 +310,7 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser: one subcommand parser per command, each with the shared ``-v``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v",
@@ -327,6 +328,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
+    _add_export(sub, common)
+    _add_compare(sub, common)
+    _add_selftest(sub, common)
+    _add_batch(sub, common)
+    from .cli_llm import add_llm_commands  # export-llm, generate
+
+    add_llm_commands(sub, common, EXIT_CODES)
+    return p
+
+
+def _add_export(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dualexport export``: what to export and how."""
     e = sub.add_parser(
         "export",
         help="export MODULE:ATTR to ONNX and ExecuTorch/XNNPACK",
@@ -374,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn every dualexport pass off (canonicalizations, constant folding, each target's "
         "own pipeline): the programs the plain libraries would lower",
     )
+    _add_export_extras(e)
+    e.set_defaults(func=_cmd_export)
+
+
+def _add_export_extras(e: argparse.ArgumentParser) -> None:
+    """``export``'s quantization, transform, delegation, option, cache and bundle flags."""
     e.add_argument(
         "--quantize",
         choices=["int8", "int8-dynamic"],
@@ -426,7 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write self-test bundles (<name>.bpte, <name>_onnx_tests/) for the device",
     )
-    e.set_defaults(func=_cmd_export)
+
+
+def _add_compare(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dualexport compare``: the weight and parity checks again on a folder."""
     c = sub.add_parser(
         "compare",
         help="re-run the weight and parity checks on a folder",
@@ -449,6 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--html", action="store_true", help="also write <name>.parity.html")
     c.set_defaults(func=_cmd_compare)
+
+
+def _add_selftest(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dualexport selftest``: run a folder's self-test bundles."""
     t = sub.add_parser(
         "selftest",
         help="run the self-test bundles of a folder (written by export --bundle)",
@@ -459,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("dir")
     t.add_argument("--name", default=None, help="which export in the folder (default: the only one)")
     t.set_defaults(func=_cmd_selftest)
+
+
+def _add_batch(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``dualexport batch``: a manifest of models, here or on a Ray cluster."""
     b = sub.add_parser(
         "batch",
         help="export every model of a TOML manifest (a zoo) to both targets, here or on a Ray cluster",
@@ -494,10 +524,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--retries", type=int, default=2, help="(Ray) attempts more when a worker dies")
     b.add_argument("--only", action="append", metavar="NAME", help="run only this entry (repeat for several)")
     b.set_defaults(func=_cmd_batch)
-    from .cli_llm import add_llm_commands  # export-llm, generate
-
-    add_llm_commands(sub, common, EXIT_CODES)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

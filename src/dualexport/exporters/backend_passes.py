@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..compat.executorch import fuseable_activations, transform, xnnpack_pass_types, xnnpack_preprocess_module
+
 __all__ = ["PASS_NEEDS", "PassPruning", "pruned_backend_passes"]
 
 
@@ -56,9 +58,7 @@ def _foldable(graph: torch.fx.Graph) -> bool:
 
 
 def _fusable_activation(graph: torch.fx.Graph) -> bool:
-    from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
-
-    acts = set(FuseActivationPass.FUSEABLE_ACTIVATIONS)
+    acts = fuseable_activations()
     return any(n.op == "call_function" and n.target in acts for n in graph.nodes)
 
 
@@ -107,11 +107,11 @@ _original: Any = None
 
 @functools.cache
 def _pass_manager_class() -> type:
-    from executorch.backends.xnnpack._passes import XNNPACKPass, XNNPACKPassManager
     from executorch.exir.pass_base import ExportPass
-    from executorch.exir.program._program import _transform
 
-    class PrunedXNNPACKPassManager(XNNPACKPassManager):
+    XNNPACKPass, XNNPACKPassManager = xnnpack_pass_types()
+
+    class PrunedXNNPACKPassManager(XNNPACKPassManager):  # type: ignore[misc,valid-type]
         """XNNPACKPassManager.transform, asking PASS_NEEDS before each pass."""
 
         def transform(self) -> Any:
@@ -128,7 +128,7 @@ def _pass_manager_class() -> type:
                 instance = pass_(ep) if issubclass(pass_, XNNPACKPass) else pass_()
                 if not isinstance(instance, (XNNPACKPass, ExportPass)):
                     raise RuntimeError(f"unexpected XNNPACK pass type {type(instance).__name__}")
-                ep = _transform(ep, instance)
+                ep = transform(ep, instance)
             return ep
 
     return PrunedXNNPACKPassManager
@@ -156,7 +156,7 @@ def pruned_backend_passes(enabled: bool = True) -> Iterator[Callable[[], PassPru
 
 
 def _install() -> None:
-    import executorch.backends.xnnpack.xnnpack_preprocess as prep
+    prep = xnnpack_preprocess_module()
 
     global _patch_depth, _original
     with _patch_lock:
@@ -167,7 +167,7 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    import executorch.backends.xnnpack.xnnpack_preprocess as prep
+    prep = xnnpack_preprocess_module()
 
     global _patch_depth
     with _patch_lock:

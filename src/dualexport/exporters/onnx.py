@@ -25,8 +25,17 @@ from typing import Any, ClassVar
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import (
+    OpOverload,
+    onnx_default_opset,
+    onnx_prepare_for_export,
+    onnx_registry,
+    register_quantized_decomposed,
+)
+from ..compat.torch import onnx_program as onnx_program_of
 from ..errors import OnnxLoweringError
 from ..shared_state.contract import RANGES_METADATA, input_specs
+from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
 
@@ -43,9 +52,7 @@ _INLINE_LIMIT = (2 << 30) - (64 << 20)
 def target_opset(options: ExportOptions | None) -> int:
     """The opset of the file: the option, else torch.onnx.export's default (20: Gelu and the
     other fused ops ONNX Runtime runs as one kernel; torchlib's own floor, 18, decomposes them)."""
-    from torch.onnx import _constants
-
-    return (options.onnx_opset if options is not None else None) or _constants.ONNX_DEFAULT_OPSET
+    return (options.onnx_opset if options is not None else None) or onnx_default_opset()
 
 
 _GENERATED = re.compile(r"<eval_with_key>\.\d+")
@@ -76,12 +83,10 @@ def _registry(opset: int = 18) -> Any:
     # The table resolves each translation's op when it is built, and is cached for the process:
     # without the quantized_decomposed library defined first, a process whose first export is
     # not quantized (a reused Ray worker) could never translate a quantized one afterwards.
-    import torch.ao.quantization.fx._decomposed  # noqa: F401
-    from torch.onnx._internal.exporter import _registration
-
     from .onnx_int8 import register_int8_translations
 
-    return register_int8_translations(_registration.ONNXRegistry.from_torchlib(opset_version=max(opset, 18)))
+    register_quantized_decomposed()
+    return register_int8_translations(onnx_registry(max(opset, 18)))
 
 
 def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.Node]:
@@ -89,7 +94,7 @@ def unsupported_nodes(program: ExportedProgram, registry=None) -> list[torch.fx.
     registry = registry or _registry()
     out = []
     for node in program.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        if node.op != "call_function" or not isinstance(node.target, OpOverload):
             continue
         if not registry.is_registered(node.target):
             out.append(node)
@@ -155,11 +160,9 @@ class OnnxExporter:
         return ORT_PIPELINE if options.onnx_passes else ()
 
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
-        from torch.onnx._internal.exporter import _core
-
         from .onnx_int8 import fuse_dynamic_linears
 
-        dec = _core._prepare_exported_program_for_export(program, registry=self.registry(options))
+        dec = onnx_prepare_for_export(program, self.registry(options))
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
         return dec
@@ -186,15 +189,11 @@ class OnnxExporter:
     def lower(
         self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
     ) -> LoweredTarget:
-        import onnx
-        import onnx_ir as ir
         from onnx_ir.passes.common import RemoveUnusedNodesPass
-        from torch.onnx._internal.exporter import _core
 
         try:
-            onnx_program = _core._exported_program_to_onnx_program(
-                decomposed, registry=self.registry(options)
-            )
+            with walk_cia_ops_once_per_change():
+                onnx_program = onnx_program_of(decomposed, self.registry(options))
         except Exception as exc:
             raise self._diagnose(decomposed, exc) from exc
         model = onnx_program.model
@@ -209,22 +208,7 @@ class OnnxExporter:
             from onnxscript import version_converter
 
             version_converter.convert_version(model, target_opset(options), fallback=True)
-        state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
-        for item in state:
-            # The state input defaults to the buffer's initial value (an initializer of the same
-            # name), so a first call may omit it; each call returns the updated state.
-            value = next(v for v in model.graph.inputs if v.name == item["input"])
-            value.const_value = ir.tensor(
-                decomposed.state_dict.get(item["buffer"], decomposed.constants.get(item["buffer"]))
-                .detach()
-                .clone()
-                .numpy(),
-                name=item["input"],
-            )
-            model.graph.register_initializer(value)
-            item["output"] = model.graph.outputs[item["output_index"]].name
-        if state:
-            model.metadata_props["dualexport.state"] = json.dumps(state)
+        state = _state_initializers(model, decomposed)
         # The exported dim ranges travel with the file (ONNX cannot state them); our runner and
         # any consumer can refuse out-of-range inputs instead of computing garbage.
         specs = input_specs(decomposed)
@@ -248,6 +232,25 @@ class OnnxExporter:
             RemoveUnusedNodesPass()(model)
         model.producer_name = "dualexport"
         _reproducible_traces(model)
+        files = self._save(model, staging, name, options)
+        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in model.graph}))
+        return LoweredTarget(
+            target=self.target,
+            files=tuple(files),
+            ops=ops,
+            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
+            derived_copies=pipeline.derived,
+            kept_tensors=kept,
+            opset=model.opset_imports.get("", None),
+        )
+
+    def _save(
+        self, model: Any, staging: pathlib.Path, name: str, options: ExportOptions
+    ) -> list[pathlib.Path]:
+        """Write ``model`` (and its external data file when a weight is big enough) and check it;
+        the files written."""
+        import onnx
+        import onnx_ir as ir
 
         path = staging / f"{name}.onnx"
         data_name = f"{name}.onnx.data"
@@ -269,14 +272,28 @@ class OnnxExporter:
                 target=self.target,
                 hint="this is usually an exporter bug; try onnx_opset=<another opset>",
             ) from exc
-        files = [path] + ([staging / data_name] if big else [])
-        ops = tuple(sorted({n.op_type if not n.domain else f"{n.domain}::{n.op_type}" for n in model.graph}))
-        return LoweredTarget(
-            target=self.target,
-            files=tuple(files),
-            ops=ops,
-            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
-            derived_copies=pipeline.derived,
-            kept_tensors=kept,
-            opset=model.opset_imports.get("", None),
+        return [path] + ([staging / data_name] if big else [])
+
+
+def _state_initializers(model: Any, decomposed: ExportedProgram) -> list[dict[str, Any]]:
+    """The program's state (``meta_state``: a buffer carried from call to call) as model inputs
+    defaulting to the buffer's initial value (an initializer of the same name), so a first call
+    may omit it; each call returns the updated state. The state's record, each item completed
+    with its output's name, is also written in the model's metadata."""
+    import onnx_ir as ir
+
+    state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
+    for item in state:
+        value = next(v for v in model.graph.inputs if v.name == item["input"])
+        value.const_value = ir.tensor(
+            decomposed.state_dict.get(item["buffer"], decomposed.constants.get(item["buffer"]))
+            .detach()
+            .clone()
+            .numpy(),
+            name=item["input"],
         )
+        model.graph.register_initializer(value)
+        item["output"] = model.graph.outputs[item["output_index"]].name
+    if state:
+        model.metadata_props["dualexport.state"] = json.dumps(state)
+    return state

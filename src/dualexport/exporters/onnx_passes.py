@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..compat.onnx import default_rewrite_rules, fold_constants_pass, fuse_batchnorm_rules
+
 __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sources"]
 
 #: The pipeline's steps, by name (part of the cache key and of the manifest).
@@ -35,11 +37,8 @@ ORT_PIPELINE: tuple[str, ...] = (
 
 
 def _rules() -> Any:
-    from onnxscript import rewriter
-    from onnxscript.rewriter.rules.common import _fuse_batchnorm
-
-    banned = {id(r) for r in _fuse_batchnorm.rules}
-    return tuple(r for r in rewriter._DEFAULT_REWRITE_RULES if id(r) not in banned)
+    banned = {id(r) for r in fuse_batchnorm_rules()}
+    return tuple(r for r in default_rewrite_rules() if id(r) not in banned)
 
 
 def _keep_quantization(node: Any) -> bool | None:
@@ -99,7 +98,6 @@ def optimize_for_ort(model: Any) -> PipelineResult:
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
-    from onnxscript.optimizer import _constant_folding
 
     common.InlinePass()(model)
     before = {name: value.const_value for name, value in model.graph.initializers.items()}
@@ -107,12 +105,7 @@ def optimize_for_ort(model: Any) -> PipelineResult:
     passes = ir.passes.Sequential(
         ir.passes.PassManager(
             [
-                _constant_folding.FoldConstantsPass(
-                    shape_inference=True,
-                    input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-                    output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-                    should_fold=_keep_quantization,
-                ),
+                fold_constants_pass(_keep_quantization),
                 rewriter.RewritePass(_rules()),
                 common.RemoveUnusedNodesPass(),
                 common.RemoveUnusedFunctionsPass(),

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.executorch import default_decomposition_table, drop_lowered_payloads
+from ..compat.torch import backed_size_oblivious
 from ..errors import XnnpackLoweringError
 from ..shared_state.contract import (
     DATA_FILE_METHOD,
@@ -24,6 +26,7 @@ from ..shared_state.contract import (
     encode_input_ranges,
     input_specs,
 )
+from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
@@ -52,10 +55,7 @@ def size_oblivious() -> Iterator[None]:
     and ExecuTorch then memory-planned the .pte for the narrowed maximum (a conv with a batch up
     to 64 refused 16). torch.onnx wraps its own decompositions in the same setting.
     """
-    import torch.fx.experimental._config as fx_config
-
-    # ``patch`` is installed on the config module at import time (torch's install_config_module)
-    with cast(Any, fx_config).patch(backed_size_oblivious=True):
+    with backed_size_oblivious():
         yield
 
 
@@ -182,10 +182,8 @@ class XnnpackExporter:
         """ExecuTorch's edge decomposition, keeping the ops the partitioner takes whole; with
         ``options.xnnpack_passes`` the table also carries the XNNPACK rewrites (one
         ``run_decompositions`` call makes the target's program with its pipeline applied)."""
-        from executorch.exir.tracer import _default_decomposition_table
-
         keep, _ = _xnnpack_partitioner().ops_to_not_decompose(program)
-        table = _default_decomposition_table()
+        table = default_decomposition_table()
         for op in keep:
             table.pop(op, None)
         rewrite = (options or ExportOptions()).xnnpack_passes
@@ -216,7 +214,13 @@ class XnnpackExporter:
     ) -> LoweredTarget:
         # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
         # buffers next to parameters that require grad (a KV cache beside Linear weights).
-        with torch.no_grad(), size_oblivious(), xnnpack_workarounds(), own_dicts(decomposed):
+        with (
+            torch.no_grad(),
+            size_oblivious(),
+            walk_cia_ops_once_per_change(),
+            xnnpack_workarounds(),
+            own_dicts(decomposed),
+        ):
             return self._lower(decomposed, staging, name, options)
 
     def _lower(
@@ -326,6 +330,7 @@ def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None
     with (
         torch.no_grad(),
         size_oblivious(),
+        walk_cia_ops_once_per_change(),
         pruned_backend_passes(),
         xnnpack_workarounds(),
         own_dicts(program),
@@ -346,12 +351,7 @@ def release_lowered_payloads(graph_module: torch.fx.GraphModule) -> None:
     with ExecuTorch 1.4.1: every ``to_edge_transform_and_lower`` leaves one copy of the weights
     alive after the program is dropped), so without this each export keeps ~1x its weights.
     """
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
-
-    for module in graph_module.modules():
-        if isinstance(module, LoweredBackendModule):
-            module._named_data_store_output = None
-            module._processed_bytes = b""
+    drop_lowered_payloads(graph_module)
 
 
 def _kept_tensors(lowered: ExportedProgram) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import updated_program
 from ..shared_state.passes.attention import rows_visible
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.graph_edit import (
@@ -238,7 +239,7 @@ def copy_program(program: ExportedProgram) -> ExportedProgram:
     output.meta.update(next(n for n in gm.graph.nodes if n.op == "output").meta)
     new_gm = torch.fx.GraphModule(gm, graph)
     new_gm.meta.update(gm.meta)
-    return program._update(new_gm, program.graph_signature, constants=dict(program.constants))
+    return updated_program(program, new_gm, program.graph_signature, constants=program.constants)
 
 
 _CASTS = (aten._to_copy.default, aten.to.dtype)

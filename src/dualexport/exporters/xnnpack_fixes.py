@@ -30,17 +30,16 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from ..compat.executorch import backend_api_module, batch_norm_pass_modules
+from ..compat.torch import set_weight_dicts, weight_dicts
+
 __all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights", "own_dicts"]
 
-_MODULES = (
-    "executorch.backends.xnnpack._passes.fuse_batch_norm",
-    "executorch.backends.xnnpack._passes.decompose_batch_norm",
-)
-_BACKEND_API = "executorch.exir.backend.backend_api"
 _NAME = "create_constant_placeholder"
 _LOCK = threading.Lock()
 _DEPTH = 0
-_ORIGINAL: dict[str, Any] = {}
+#: (module namespace, name, original) of every swap in force
+_ORIGINAL: list[tuple[dict[str, Any], str, Any]] = []
 
 
 def _sanitized(fn: Any) -> Any:
@@ -71,18 +70,16 @@ _COPY = types.SimpleNamespace(copy=copy.copy, Error=copy.Error, deepcopy=deepcop
 @contextlib.contextmanager
 def xnnpack_workarounds(share_weights: bool = True) -> Iterator[None]:
     """Install the work-arounds for the duration of a lowering (re-entrant)."""
-    import importlib
-
     global _DEPTH
     with _LOCK:
         if _DEPTH == 0:
-            for name in _MODULES:
-                namespace = vars(importlib.import_module(name))
-                _ORIGINAL[name] = namespace[_NAME]
-                namespace[_NAME] = _sanitized(_ORIGINAL[name])
+            for module in batch_norm_pass_modules():
+                namespace = vars(module)
+                _ORIGINAL.append((namespace, _NAME, namespace[_NAME]))
+                namespace[_NAME] = _sanitized(namespace[_NAME])
             if share_weights:
-                namespace = vars(importlib.import_module(_BACKEND_API))
-                _ORIGINAL[_BACKEND_API] = namespace["copy"]
+                namespace = vars(backend_api_module())
+                _ORIGINAL.append((namespace, "copy", namespace["copy"]))
                 namespace["copy"] = _COPY
         _DEPTH += 1
     try:
@@ -91,8 +88,8 @@ def xnnpack_workarounds(share_weights: bool = True) -> Iterator[None]:
         with _LOCK:
             _DEPTH -= 1
             if _DEPTH == 0:
-                for name, fn in _ORIGINAL.items():
-                    vars(importlib.import_module(name))["copy" if name == _BACKEND_API else _NAME] = fn
+                for namespace, name, original in reversed(_ORIGINAL):
+                    namespace[name] = original
                 _ORIGINAL.clear()
 
 
@@ -107,9 +104,9 @@ def own_dicts(program: Any) -> Iterator[None]:
     saved (``SpecViolationError: Constant tensor w is not in the constants dictionary``). The
     link is restored afterwards, so ``decomposed.state_dict is holder.state_dict`` still holds
     and every tensor is still the holder's object."""
-    state_dict, constants = program._state_dict, program._constants
-    program._state_dict, program._constants = dict(state_dict), dict(constants)
+    state_dict, constants = weight_dicts(program)
+    set_weight_dicts(program, dict(state_dict), dict(constants))
     try:
         yield
     finally:
-        program._state_dict, program._constants = state_dict, constants
+        set_weight_dicts(program, state_dict, constants)

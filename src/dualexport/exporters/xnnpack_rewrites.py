@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import set_weight_dicts
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.fold import fold_constants
 from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
@@ -476,7 +477,7 @@ def run_pipeline(program: ExportedProgram, table: dict[Any, Callable[..., Any]])
         program = before(program).program
     decomposed = program.run_decompositions(table)
     if decomposed.constants is program.constants:  # the passes below add constants of their own
-        decomposed._constants = dict(program.constants)
+        set_weight_dicts(decomposed, constants=dict(program.constants))
     for after in AFTER_DECOMPOSITION:
         decomposed = after(decomposed).program
     return decomposed

@@ -88,20 +88,11 @@ def batch(
     what regressed first. ``only``: run just these entries (the others keep their last record).
     A malformed entry is recorded ``invalid`` with its line; the others run.
     """
-    if engine not in ENGINES:
-        raise InputError(f"engine {engine!r} is not one of {ENGINES}")
-    if address is not None and engine != "ray":
-        engine = "ray"
-    if workers is not None and workers < 1:
-        raise InputError(f"workers must be at least 1, not {workers}")
+    engine = _engine(engine, address, workers)
     manifest = _manifest(entries)
     old = load_batch(compare_to) if compare_to is not None else None
     out = prepare_out_dir(out_dir)
-    run = [e for e in manifest.entries if only is None or e.name in only]
-    if only is not None:
-        unknown = sorted(set(only) - set(manifest.names))
-        if unknown:
-            raise InputError(f"no entries named {unknown} in the manifest")
+    run = _selected(manifest, only)
     t0 = time.monotonic()
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with export_lock(out, "batch"):
@@ -112,7 +103,6 @@ def batch(
         previous = {e.name: _previous_record(out, e.name) for e in manifest.entries}
         estimates: dict[str, Estimate] = estimate_entries(run, previous, method=start_method)
         budget = memory_budget_mb or tree_pss_mb(os.getpid()) + available_mb() * BUDGET_SHARE
-        records: dict[str, EntryRecord]
         if engine == "local":
             from .local import run_local
 
@@ -127,27 +117,9 @@ def batch(
                 start_method=start_method,
             )
         else:
-            from .ray_engine import run_ray
-
-            n = workers or 0
-            records, n = run_ray(
-                run,
-                out,
-                address=address,
-                estimates=estimates,
-                retries=retries,
-                shared_dir=pathlib.Path(shared_dir).resolve() if shared_dir else None,
-                on_event=progress,
-            )
-        for e in manifest.entries:  # not run this time: the last record stands
-            if e.name not in records:
-                prev = previous.get(e.name)
-                records[e.name] = prev or EntryRecord(e.name, "error", line=e.line, reason="not run yet")
-        for m in manifest.malformed:
-            records[m.name] = _invalid(m)
-        order = [e.name for e in manifest.entries] + [m.name for m in manifest.malformed]
+            records, n = _run_on_ray(run, out, address, estimates, retries, shared_dir, progress)
         record = BatchRecord(
-            entries=tuple(records[n_] for n_ in order),
+            entries=_all_records(manifest, records, previous),
             manifest=str(manifest.path) if manifest.path else "<entries>",
             manifest_sha256=manifest.sha256,
             engine=engine,
@@ -165,6 +137,62 @@ def batch(
 
         write_batch_page(out / BATCH_HTML, record)
     return record
+
+
+def _engine(engine: str, address: str | None, workers: int | None) -> str:
+    """The engine to run on (an address means Ray), after checking the arguments."""
+    if engine not in ENGINES:
+        raise InputError(f"engine {engine!r} is not one of {ENGINES}")
+    if workers is not None and workers < 1:
+        raise InputError(f"workers must be at least 1, not {workers}")
+    return "ray" if address is not None else engine
+
+
+def _selected(manifest: Manifest, only: Sequence[str] | None) -> list[Entry]:
+    """The entries to run: all, or those ``only`` names (each must be in the manifest)."""
+    if only is not None:
+        unknown = sorted(set(only) - set(manifest.names))
+        if unknown:
+            raise InputError(f"no entries named {unknown} in the manifest")
+    return [e for e in manifest.entries if only is None or e.name in only]
+
+
+def _run_on_ray(
+    run: list[Entry],
+    out: pathlib.Path,
+    address: str | None,
+    estimates: dict[str, Estimate],
+    retries: int,
+    shared_dir: str | os.PathLike[str] | None,
+    progress: ProgressCallback | None,
+) -> tuple[dict[str, EntryRecord], int]:
+    """The entries' records from Ray tasks, and the workers the cluster offered."""
+    from .ray_engine import run_ray
+
+    return run_ray(
+        run,
+        out,
+        address=address,
+        estimates=estimates,
+        retries=retries,
+        shared_dir=pathlib.Path(shared_dir).resolve() if shared_dir else None,
+        on_event=progress,
+    )
+
+
+def _all_records(
+    manifest: Manifest, records: dict[str, EntryRecord], previous: dict[str, EntryRecord | None]
+) -> tuple[EntryRecord, ...]:
+    """One record per manifest line, in the manifest's order: an entry not run this time keeps
+    its last record, a malformed one is recorded invalid."""
+    for e in manifest.entries:
+        if e.name not in records:
+            prev = previous.get(e.name)
+            records[e.name] = prev or EntryRecord(e.name, "error", line=e.line, reason="not run yet")
+    for m in manifest.malformed:
+        records[m.name] = _invalid(m)
+    order = [e.name for e in manifest.entries] + [m.name for m in manifest.malformed]
+    return tuple(records[n_] for n_ in order)
 
 
 def _invalid(m: Malformed) -> EntryRecord:

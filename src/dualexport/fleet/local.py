@@ -168,6 +168,29 @@ def _ended(run: _Run, out_dir: pathlib.Path) -> EntryRecord:
     return base.with_(reason=f"the worker exited with code {code} in phase {run.phase!r} without a result")
 
 
+def _charged(running: Mapping[str, _Run]) -> float:
+    """What the batch holds now: this process and the fork server (measured), plus each
+    running entry at the larger of its estimate and its measured tree (an estimate that was too
+    low is corrected as soon as the child grows past it)."""
+    pids = frozenset(r.proc.pid for r in running.values() if r.proc.pid is not None)
+    held = tree_pss_mb(os.getpid(), exclude=pids)
+    return held + sum(max(r.estimate.mb, tree_pss_mb(r.proc.pid or 0)) for r in running.values())
+
+
+def _spawn(ctx: Any, entry: Entry, out_dir: pathlib.Path, threads: int, estimate: Estimate) -> _Run:
+    """Start ``entry``'s child process, its results coming back through a one-way pipe."""
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_child,
+        args=(child_conn, entry.to_dict(), str(out_dir), threads),
+        name=f"dualexport-{entry.name}",
+        daemon=False,
+    )
+    proc.start()
+    child_conn.close()
+    return _Run(entry, proc, parent_conn, time.monotonic(), estimate)
+
+
 def run_local(
     entries: Sequence[Entry],
     out_dir: pathlib.Path,
@@ -191,17 +214,9 @@ def run_local(
         if on_event is not None:
             on_event(tally.event(kind, name, time.monotonic(), **kw))
 
-    def charged() -> float:
-        """What the batch holds now: this process and the fork server (measured), plus each
-        running entry at the larger of its estimate and its measured tree (an estimate that
-        was too low is corrected as soon as the child grows past it)."""
-        pids = frozenset(r.proc.pid for r in running.values() if r.proc.pid is not None)
-        held = tree_pss_mb(os.getpid(), exclude=pids)
-        return held + sum(max(r.estimate.mb, tree_pss_mb(r.proc.pid or 0)) for r in running.values())
-
     def admit() -> None:
         while pending and len(running) < workers:
-            used = charged()
+            used = _charged(running)
             pick = next((e for e in pending if used + estimates[e.name].mb <= budget_mb), None)
             if pick is None:
                 if running:
@@ -215,16 +230,7 @@ def run_local(
                     used,
                 )
             pending.remove(pick)
-            parent_conn, child_conn = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_child,
-                args=(child_conn, pick.to_dict(), str(out_dir), threads),
-                name=f"dualexport-{pick.name}",
-                daemon=False,
-            )
-            proc.start()
-            child_conn.close()
-            running[pick.name] = _Run(pick, proc, parent_conn, time.monotonic(), estimates[pick.name])
+            running[pick.name] = _spawn(ctx, pick, out_dir, threads, estimates[pick.name])
             tally.running += 1
             emit("start", pick.name)
 

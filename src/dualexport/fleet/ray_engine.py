@@ -213,6 +213,53 @@ _DIED = (
 )
 
 
+def _outcome(
+    ray: Any,
+    ref: Any,
+    e: Entry,
+    attempt: int,
+    t0: float,
+    estimate_mb: float,
+    retries: int,
+    out_dir: pathlib.Path,
+    shared_dir: pathlib.Path | None,
+) -> EntryRecord | str:
+    """The record of a finished task (its files published), or, when its worker died and
+    attempts remain, the name of the error (the caller submits it again)."""
+    base = EntryRecord(
+        e.name,
+        "killed",
+        line=e.line,
+        folder=e.name,
+        attempts=attempt,
+        estimate_mb=estimate_mb,
+        seconds=time.monotonic() - t0,
+    )
+    try:
+        rec_dict, payload, hashes = ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        return base.with_(
+            status="timeout", reason=f"no result after {e.timeout:.0f} s; the task was cancelled"
+        )
+    except ray.exceptions.RayError as exc:
+        kind = type(exc).__name__
+        if isinstance(exc, ray.exceptions.RayTaskError) and kind not in _DIED:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            return base.with_(status="failed", reason=f"internal error in the worker: {cause}")
+        if attempt <= retries:
+            return kind
+        return base.with_(reason=f"the worker died ({kind}) on each of {attempt} attempts")
+    rec = EntryRecord.from_dict(rec_dict).with_(attempts=attempt, estimate_mb=estimate_mb)
+    if attempt > 1:
+        note = f"{attempt - 1} earlier attempt(s) ended with the worker's death"
+        rec = rec.with_(reason=f"{rec.reason}; {note}" if rec.reason else note)
+    try:
+        _publish(out_dir, e.name, payload, hashes, shared_dir)
+    except (DualExportError, OSError) as exc:
+        rec = rec.with_(status="failed", reason=f"the files could not be published: {exc}")
+    return rec
+
+
 def run_ray(
     entries: Sequence[Entry],
     out_dir: pathlib.Path,
@@ -273,52 +320,15 @@ def run_ray(
                     ray.cancel(ref, force=True)
             for ref in ready:
                 e, attempt, t0 = inflight.pop(ref)
-                base = EntryRecord(
-                    e.name,
-                    "killed",
-                    line=e.line,
-                    folder=e.name,
-                    attempts=attempt,
-                    estimate_mb=estimates[e.name].mb,
-                    seconds=time.monotonic() - t0,
+                outcome = _outcome(
+                    ray, ref, e, attempt, t0, estimates[e.name].mb, retries, out_dir, shared_dir
                 )
-                try:
-                    rec_dict, payload, hashes = ray.get(ref)
-                except ray.exceptions.TaskCancelledError:
-                    finish(
-                        e,
-                        base.with_(
-                            status="timeout",
-                            reason=f"no result after {e.timeout:.0f} s; the task was cancelled",
-                        ),
-                    )
-                    continue
-                except ray.exceptions.RayError as exc:
-                    kind = type(exc).__name__
-                    if isinstance(exc, ray.exceptions.RayTaskError) and kind not in _DIED:
-                        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                        finish(
-                            e, base.with_(status="failed", reason=f"internal error in the worker: {cause}")
-                        )
-                        continue
-                    if attempt <= retries:
-                        logger.warning("%s: the worker died (%s); attempt %d", e.name, kind, attempt + 1)
-                        emit("retry", e.name, phase=f"attempt {attempt + 1}")
-                        submit(e, attempt + 1)
-                        continue
-                    finish(e, base.with_(reason=f"the worker died ({kind}) on each of {attempt} attempts"))
-                    continue
-                rec = EntryRecord.from_dict(rec_dict).with_(
-                    attempts=attempt, estimate_mb=estimates[e.name].mb
-                )
-                if attempt > 1:
-                    note = f"{attempt - 1} earlier attempt(s) ended with the worker's death"
-                    rec = rec.with_(reason=f"{rec.reason}; {note}" if rec.reason else note)
-                try:
-                    _publish(out_dir, e.name, payload, hashes, shared_dir)
-                except (DualExportError, OSError) as exc:
-                    rec = rec.with_(status="failed", reason=f"the files could not be published: {exc}")
-                finish(e, rec)
+                if isinstance(outcome, str):
+                    logger.warning("%s: the worker died (%s); attempt %d", e.name, outcome, attempt + 1)
+                    emit("retry", e.name, phase=f"attempt {attempt + 1}")
+                    submit(e, attempt + 1)
+                else:
+                    finish(e, outcome)
     finally:
         for ref in inflight:
             with contextlib.suppress(Exception):

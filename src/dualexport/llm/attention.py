@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compat.transformers import attn_implementation, has_attn_implementation, set_attn_implementation
+
 __all__ = ["ATTENTION", "dualexport_attention", "additive_mask", "exported_attention"]
 
 #: The name the implementation is registered under in transformers.
@@ -164,7 +166,7 @@ def _configs(model: nn.Module) -> list[Any]:
     seen: dict[int, Any] = {}
     for m in model.modules():
         config = getattr(m, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
+        if config is not None and has_attn_implementation(config):
             seen.setdefault(id(config), config)
     return list(seen.values())
 
@@ -178,11 +180,11 @@ def exported_attention(model: nn.Module) -> Iterator[bool]:
         yield False
         return
     _register()
-    saved = [c._attn_implementation for c in configs]
+    saved = [attn_implementation(c) for c in configs]
     try:
         for c in configs:
-            c._attn_implementation = ATTENTION
+            set_attn_implementation(c, ATTENTION)
         yield True
     finally:
         for c, s in zip(configs, saved, strict=True):
-            c._attn_implementation = s
+            set_attn_implementation(c, s)

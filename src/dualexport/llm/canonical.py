@@ -33,6 +33,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
+from ..compat.torch import detect_fake_mode, is_contiguous_or_false, op_schema, set_graph_signature
+
 __all__ = [
     "views_with_one_dynamic_size",
     "mean_as_global_pool",
@@ -68,7 +70,7 @@ def _one_dynamic(shape: Sequence[Any]) -> list[int] | None:
 def _fake(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` on the nodes' fake values (the program's own fake mode), for a new node's meta."""
     vals = [_val(a) if isinstance(a, torch.fx.Node) else a for a in args]
-    mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     if mode is None:
         return None
     with mode:
@@ -124,8 +126,6 @@ def views_with_one_dynamic_size(program: ExportedProgram) -> ExportedProgram:
 
 
 def mean_as_global_pool(program: ExportedProgram) -> ExportedProgram:
-    from torch._prims_common import is_contiguous_or_false
-
     """``mean(x, [-1], keepdim)`` of a float32 ``x`` with one dynamic dim and a static last dim ->
     ``view(mean(view(x, [-1, 1, 1, D]), [2, 3], True), shape)``: the same mean, as the 4-D global
     average pooling XNNPACK takes (a transposed ``x``, as q/k norms see, is copied first: a
@@ -244,12 +244,15 @@ def _add_buffer(
     )
     with ctx:
         ph = graph.placeholder(f"b_{name}")
-    mode = torch._guards.detect_fake_mode([_val(like)])
+    mode = detect_fake_mode([_val(like)])
     ph.meta["val"] = mode.from_tensor(tensor, static_shapes=True) if mode is not None else tensor
     program.state_dict[name] = tensor
     spec = InputSpec(kind=InputKind.BUFFER, arg=TensorArgument(name=ph.name), target=name, persistent=True)
-    program._graph_signature = ExportGraphSignature(
-        input_specs=specs[:user_idx] + [spec] + specs[user_idx:], output_specs=list(sig.output_specs)
+    set_graph_signature(
+        program,
+        ExportGraphSignature(
+            input_specs=specs[:user_idx] + [spec] + specs[user_idx:], output_specs=list(sig.output_specs)
+        ),
     )
     return ph
 
@@ -338,7 +341,7 @@ def full_slices_as_identity(program: ExportedProgram) -> ExportedProgram:
 
 def _mutated(node: torch.fx.Node) -> bool:
     for user in node.users:
-        schema = getattr(user.target, "_schema", None)
+        schema = op_schema(user.target)
         if schema is not None and schema.is_mutable:
             return True
     return False

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compat.torch import BatchNormBase
+from ..compat.transformers import set_attn_implementation
 from ..errors import InputError
 
 __all__ = [
@@ -206,7 +208,7 @@ def hf_model(
         raise InputError(f"{config_class}(**config) failed: {exc}", hint="check the config keys") from exc
     cfg.use_cache = False
     if attention is not None:
-        cfg._attn_implementation = attention
+        set_attn_implementation(cfg, attention)
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     return HFWrapper(model, tuple(input_names), outputs).eval()
@@ -216,7 +218,7 @@ def settle_batchnorm(model: nn.Module, batches: Sequence[tuple[Any, ...]]) -> nn
     """BatchNorm running statistics from ``batches`` (train-mode forwards, no gradients), then
     eval mode. Why: with random weights the default statistics (mean 0, var 1) leave activations
     that explode or vanish layer by layer, and parity on them is vacuous."""
-    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+    if not any(isinstance(m, BatchNormBase) for m in model.modules()):
         return model
     was_training = model.training
     model.train()

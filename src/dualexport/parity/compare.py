@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pathlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -74,11 +75,7 @@ def run_parity(
     from ..shared_state.quantize import quantized_outputs
 
     quant_steps = quantized_outputs(program)
-    flats = []
-    for set_label, args, kwargs in input_sets:
-        flat = flatten_inputs(program, args, kwargs)
-        check_input_shapes(program, flat, set_label)
-        flats.append(flat)
+    flats = _checked_inputs(program, input_sets)
     # Building the eager module and loading the runtimes dominate a small compare: do it once,
     # and again per input set only where state must start over.
     if not input_sets:
@@ -94,86 +91,29 @@ def run_parity(
             eager.reset()
             if floats is not None:
                 floats.reset()
-        for rt, path in artifacts.items():
-            if rt in errors or (rt in runners and not stateful):
-                continue
-            try:
-                runners[rt] = open_runner(rt, pathlib.Path(path))
-            except DualExportError as exc:
-                errors[rt] = str(exc)
+        _open_runners(artifacts, runners, errors, reopen=stateful)
         for step in range(steps):
             ref = eager.run(flat)
             float_outs = floats.run(flat) if floats is not None else None
             noise = quantization_noise(ref, float_outs) if float_outs is not None else {}
-            got: dict[str, list[torch.Tensor]] = {}
-            for rt, runner in runners.items():
-                if rt in errors:
-                    continue
-                try:
-                    got[rt] = runner.run(flat)
-                except DualExportError as exc:
-                    errors[rt] = str(exc)
-                    continue
-                if len(got[rt]) != len(ref):
-                    errors[rt] = f"{rt} returned {len(got[rt])} outputs, eager returned {len(ref)}"
-                    del got[rt]
+            got = _run_runtimes(runners, flat, len(ref), errors)
+            judged = _Judged(quant_steps, noise, rtol, atol, tolerance_overrides, float_outs)
             for i, r in enumerate(ref):
                 label = f"{set_label}" + (f"/step{step}" if steps > 1 else "") + f"/out{i}"
-                metrics, tols, hists = {}, {}, {}
-                for rt, outs in got.items():
-                    tol = output_tolerance(
-                        rt,
-                        i,
-                        r.dtype,
-                        quant_steps=quant_steps,
-                        noise=noise,
-                        rtol=rtol,
-                        atol=atol,
-                        overrides=tolerance_overrides,
-                    )
-                    metrics[rt] = judge(tol, outs[i], r)
-                    tols[rt] = tol
-                    if r.dtype.is_floating_point:
-                        hists[rt] = error_histogram(outs[i], r)
-                against_float = _against_float(r, {rt: outs[i] for rt, outs in got.items()}, float_outs, i)
-                cross = None
-                if len(got) == 2:
-                    a, b = (got[rt][i] for rt in got)
-                    tol = tolerance_for("cross", r.dtype, rtol=rtol, atol=atol)
-                    cross = tol.judge(a, b.to(a.dtype))
-                outputs.append(
-                    OutputParity(
-                        i,
-                        label,
-                        tuple(r.shape),
-                        str(r.dtype).replace("torch.", ""),
-                        metrics,
-                        tols,
-                        cross,
-                        hists,
-                        against_float,
-                    )
-                )
-                for rt, m in metrics.items():
+                row = judged.output(i, label, r, got)
+                outputs.append(row)
+                for rt, m in row.metrics.items():
                     if not m.ok and rt not in failing and step == 0:
                         failing[rt] = flat
     divergences: dict[str, Divergence | None] = {rt: None for rt in runtimes}
     if localize:
         for rt, flat in failing.items():
-            try:
-                divergences[rt] = _localize(
-                    program,
-                    rt,
-                    pathlib.Path(artifacts[rt]),
-                    flat,
-                    (decomposed or {}).get(rt),
-                    rtol=rtol,
-                    atol=atol,
-                    options=(decompose_options or {}).get(rt),
-                )
-            except Exception as exc:  # localization is a diagnosis; never hide the parity result
-                logger.warning("could not localize the %s divergence: %s", rt, exc)
-                errors.setdefault(f"{rt}-localization", f"{type(exc).__name__}: {exc}")
+            where = (
+                pathlib.Path(artifacts[rt]),
+                (decomposed or {}).get(rt),
+                (decompose_options or {}).get(rt),
+            )
+            divergences[rt] = _localize_or_note(program, rt, flat, where, errors, rtol=rtol, atol=atol)
     first = {rt: (d.node if d is not None else None) for rt, d in divergences.items()}
     return ParityReport(
         tuple(outputs),
@@ -187,21 +127,133 @@ def run_parity(
     )
 
 
-def _against_float(
-    reference: torch.Tensor,
-    runtimes: Mapping[str, torch.Tensor],
-    float_outs: Sequence[torch.Tensor] | None,
-    index: int,
-) -> dict[str, FloatAgreement]:
-    """The quantized reference ("eager") and each runtime against the float model's output."""
-    if float_outs is None or index >= len(float_outs):
-        return {}
-    out = {}
-    for who, value in {"eager": reference, **runtimes}.items():
-        agreement = float_agreement(value, float_outs[index])
-        if agreement is not None:
-            out[who] = agreement
-    return out
+def _checked_inputs(program: ExportedProgram, input_sets: Sequence[InputSet]) -> list[list[torch.Tensor]]:
+    """Each input set flattened the way the program takes it, its shapes checked first."""
+    flats = []
+    for set_label, args, kwargs in input_sets:
+        flat = flatten_inputs(program, args, kwargs)
+        check_input_shapes(program, flat, set_label)
+        flats.append(flat)
+    return flats
+
+
+def _open_runners(
+    artifacts: Mapping[str, pathlib.Path], runners: dict[str, Any], errors: dict[str, str], *, reopen: bool
+) -> None:
+    """Open each runtime's file into ``runners`` (again when ``reopen``: a stateful program
+    starts each input set from a fresh state); one that fails to load is written to ``errors``."""
+    for rt, path in artifacts.items():
+        if rt in errors or (rt in runners and not reopen):
+            continue
+        try:
+            runners[rt] = open_runner(rt, pathlib.Path(path))
+        except DualExportError as exc:
+            errors[rt] = str(exc)
+
+
+def _run_runtimes(
+    runners: Mapping[str, Any], flat: list[torch.Tensor], outputs: int, errors: dict[str, str]
+) -> dict[str, list[torch.Tensor]]:
+    """Each runtime's outputs for one input set; a runtime that fails, or returns a different
+    number of outputs than eager's ``outputs``, is written to ``errors`` and left out."""
+    got: dict[str, list[torch.Tensor]] = {}
+    for rt, runner in runners.items():
+        if rt in errors:
+            continue
+        try:
+            got[rt] = runner.run(flat)
+        except DualExportError as exc:
+            errors[rt] = str(exc)
+            continue
+        if len(got[rt]) != outputs:
+            errors[rt] = f"{rt} returned {len(got[rt])} outputs, eager returned {outputs}"
+            del got[rt]
+    return got
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """What judges the outputs of one run: the int8 outputs' quantization steps and the
+    reference's own quantization noise, and the caller's tolerances."""
+
+    quant_steps: Mapping[int, float | None]
+    noise: Mapping[int, Any]
+    rtol: float | None
+    atol: float | None
+    overrides: Mapping[int, tuple[float, float]] | None
+    #: an int8 program's float model's outputs (what quantization costs; not judged)
+    float_outs: Sequence[torch.Tensor] | None = None
+
+    def against_float(
+        self, i: int, ref: torch.Tensor, got: Mapping[str, list[torch.Tensor]]
+    ) -> dict[str, FloatAgreement]:
+        """The quantized reference ("eager") and each runtime against the float model's output."""
+        if self.float_outs is None or i >= len(self.float_outs):
+            return {}
+        out = {}
+        for who, value in {"eager": ref, **{rt: outs[i] for rt, outs in got.items()}}.items():
+            agreement = float_agreement(value, self.float_outs[i])
+            if agreement is not None:
+                out[who] = agreement
+        return out
+
+    def output(
+        self, i: int, label: str, ref: torch.Tensor, got: Mapping[str, list[torch.Tensor]]
+    ) -> OutputParity:
+        """Output ``i`` of every runtime against eager's ``ref``, and runtime vs runtime."""
+        metrics, tols, hists = {}, {}, {}
+        for rt, outs in got.items():
+            tol = output_tolerance(
+                rt,
+                i,
+                ref.dtype,
+                quant_steps=self.quant_steps,
+                noise=self.noise,
+                rtol=self.rtol,
+                atol=self.atol,
+                overrides=self.overrides,
+            )
+            metrics[rt] = judge(tol, outs[i], ref)
+            tols[rt] = tol
+            if ref.dtype.is_floating_point:
+                hists[rt] = error_histogram(outs[i], ref)
+        cross = None
+        if len(got) == 2:
+            a, b = (got[rt][i] for rt in got)
+            cross = tolerance_for("cross", ref.dtype, rtol=self.rtol, atol=self.atol).judge(a, b.to(a.dtype))
+        return OutputParity(
+            i,
+            label,
+            tuple(ref.shape),
+            str(ref.dtype).replace("torch.", ""),
+            metrics,
+            tols,
+            cross,
+            hists,
+            self.against_float(i, ref, got),
+        )
+
+
+def _localize_or_note(
+    program: ExportedProgram,
+    runtime: str,
+    flat: list[torch.Tensor],
+    where: tuple[pathlib.Path, ExportedProgram | None, Any],
+    errors: dict[str, str],
+    *,
+    rtol: float | None,
+    atol: float | None,
+) -> Divergence | None:
+    """:func:`_localize` (``where``: the runtime's file, its decomposed program if held, the
+    options its file was made with), or None with the reason in ``errors``: localization is a
+    diagnosis, it never hides the parity result."""
+    path, decomposed, options = where
+    try:
+        return _localize(program, runtime, path, flat, decomposed, rtol=rtol, atol=atol, options=options)
+    except Exception as exc:
+        logger.warning("could not localize the %s divergence: %s", runtime, exc)
+        errors.setdefault(f"{runtime}-localization", f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def _localize(

@@ -21,6 +21,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import op_name, user_frame
 from .metrics import Metrics
 from .report import Divergence
@@ -129,7 +130,7 @@ def xnnpack_values(
 
     from ..exporters.xnnpack import lower_to_buffer, size_oblivious
 
-    with size_oblivious():
+    with size_oblivious(), walk_cia_ops_once_per_change():
         copy = decomposed.run_decompositions({})  # a new graph over the same tensors
     base = select_all_call_function()
 

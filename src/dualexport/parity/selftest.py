@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .._versions import library_versions
+from ..compat.executorch import load_bundled_for_executorch, load_bundled_program
 from ..errors import ArtifactFormatError, InputError
 from ..outputs.paths import safe_child
 from ..runtimes.isolated import call_isolated
@@ -91,16 +92,11 @@ def _run_bpte(
     bpte_path: str, data_path: str | None, cases: int, tolerances: list[tuple[float, float]]
 ) -> list[tuple[list[torch.Tensor], str | None]]:
     """In the child: each case's outputs, and the bundled-IO check's verdict (None: passed)."""
-    from executorch.extension.pybindings.portable_lib import (
-        _load_bundled_program_from_buffer,
-        _load_for_executorch_from_bundled_program,
-    )
-
     buffer = pathlib.Path(bpte_path).read_bytes()
-    bundle = _load_bundled_program_from_buffer(buffer)
+    bundle = load_bundled_program(buffer)
     out: list[tuple[list[torch.Tensor], str | None]] = []
     if data_path is not None:
-        module = _load_for_executorch_from_bundled_program(bundle, data_path=data_path)
+        module = load_bundled_for_executorch(bundle, data_path)
         for ins, _ in _bpte_cases(buffer):
             out.append(([o.clone() for o in module.forward(tuple(ins))], None))
         return out
@@ -172,6 +168,88 @@ def _rows(
     return rows
 
 
+def _selftest_xnnpack(
+    folder: pathlib.Path,
+    info: Mapping[str, Any],
+    record: dict[str, Any],
+    sets: list[str],
+    errors: dict[str, str],
+) -> list[OutputParity]:
+    """The rows of the ExecuTorch bundle (.bpte), run in a child by the runtime's own bundled-IO
+    check; a missing, replaced or failing bundle is written to ``errors``."""
+    target = "xnnpack"
+    bpte = safe_child(folder, record["file"], what="the ExecuTorch bundle")
+    if not bpte.is_file():
+        errors[target] = f"{bpte.name} is missing"
+        return []
+    if _sha(bpte) != record.get("sha256"):  # still run: the table shows which output moved
+        errors[target] = f"{bpte.name} is not the bundle the export wrote (sha256 differs)"
+    cases = _bpte_cases(bpte.read_bytes())
+    pte = safe_child(folder, info["file"], what="the manifest's xnnpack artifact")
+    data = pte.with_suffix(".ptd")
+    tolerances = []
+    for _, expected in cases:
+        t = _tolerance(record, 0)
+        magnitude = max(
+            (float(e.abs().max()) for e in expected if e.is_floating_point() and e.numel()),
+            default=0.0,
+        )
+        # an output judged by SNR alone (int8, float after the last dequantize): the
+        # runtime's elementwise check cannot state it; the table below judges it
+        tolerances.append((t.rtol, t.atol + t.scale * magnitude if t.elementwise else float("inf")))
+    results = call_isolated(
+        _run_bpte,
+        str(bpte),
+        str(data) if data.is_file() else None,
+        len(cases),
+        tolerances,
+        target=target,
+        what=f"running {bpte.name}",
+    )
+    outputs: list[OutputParity] = []
+    for label, (_, expected), (got, verdict) in zip(sets, cases, results, strict=False):
+        outputs += _rows(target, f"bundle:{label}", got, expected, record, verdict)
+        if verdict is not None:
+            errors.setdefault(target, f"the runtime's bundled-IO check failed on {label}: {verdict}")
+    return outputs
+
+
+def _selftest_onnx(
+    folder: pathlib.Path,
+    target: str,
+    info: Mapping[str, Any],
+    record: dict[str, Any],
+    sets: list[str],
+    errors: dict[str, str],
+) -> list[OutputParity]:
+    """The rows of the ONNX test data (ONNX's own test_data_set layout), each set run in a child
+    with ONNX Runtime; missing or replaced files are written to ``errors``."""
+    tests = safe_child(folder, record["folder"], what="the ONNX test data")
+    for rel, sha in (record.get("files") or {}).items():
+        path = folder / rel
+        if not path.resolve().is_relative_to(folder) or not path.is_file():
+            errors[target] = f"{rel} is missing"
+        elif _sha(path) != sha:  # still run: the table shows which output moved
+            errors.setdefault(target, f"{rel} is not the test data the export wrote (sha256 differs)")
+    if errors.get(target, "").endswith("missing"):
+        return []
+    model = safe_child(tests, info["file"], what="the ONNX test model")
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    out_names = [o.name for o in graph.output]
+    outputs: list[OutputParity] = []
+    for n, label in enumerate(sets):
+        d = tests / f"test_data_set_{n}"
+        feeds = [_pb(p) for p in _numbered(d, "input")]
+        expected = [t for _, t in (_pb(p) for p in _numbered(d, "output"))]
+        got = call_isolated(
+            _run_onnx_set, str(model), feeds, out_names, target=target, what=f"running {d.name}"
+        )
+        outputs += _rows(target, f"bundle:{label}", got, expected, record)
+    return outputs
+
+
 def run_selftest(folder: pathlib.Path, *, name: str | None = None) -> tuple[ParityReport, str]:
     """Run every bundle of the export in ``folder``; the report (one row per set, output and
     runtime against eager's recorded output) and the export's name."""
@@ -190,61 +268,9 @@ def run_selftest(folder: pathlib.Path, *, name: str | None = None) -> tuple[Pari
         sets = list(record.get("sets", []))
         labels = labels or [f"bundle:{s}" for s in sets]
         if target == "xnnpack":
-            bpte = safe_child(folder, record["file"], what="the ExecuTorch bundle")
-            if not bpte.is_file():
-                errors[target] = f"{bpte.name} is missing"
-                continue
-            if _sha(bpte) != record.get("sha256"):  # still run: the table shows which output moved
-                errors[target] = f"{bpte.name} is not the bundle the export wrote (sha256 differs)"
-            cases = _bpte_cases(bpte.read_bytes())
-            pte = safe_child(folder, info["file"], what="the manifest's xnnpack artifact")
-            data = pte.with_suffix(".ptd")
-            tolerances = []
-            for _, expected in cases:
-                t = _tolerance(record, 0)
-                magnitude = max(
-                    (float(e.abs().max()) for e in expected if e.is_floating_point() and e.numel()),
-                    default=0.0,
-                )
-                # an output judged by SNR alone (int8, float after the last dequantize): the
-                # runtime's elementwise check cannot state it; the table below judges it
-                tolerances.append((t.rtol, t.atol + t.scale * magnitude if t.elementwise else float("inf")))
-            results = call_isolated(
-                _run_bpte,
-                str(bpte),
-                str(data) if data.is_file() else None,
-                len(cases),
-                tolerances,
-                target=target,
-                what=f"running {bpte.name}",
-            )
-            for label, (_, expected), (got, verdict) in zip(sets, cases, results, strict=False):
-                outputs += _rows(target, f"bundle:{label}", got, expected, record, verdict)
-                if verdict is not None:
-                    errors.setdefault(target, f"the runtime's bundled-IO check failed on {label}: {verdict}")
+            outputs += _selftest_xnnpack(folder, info, record, sets, errors)
         else:
-            tests = safe_child(folder, record["folder"], what="the ONNX test data")
-            for rel, sha in (record.get("files") or {}).items():
-                path = folder / rel
-                if not path.resolve().is_relative_to(folder) or not path.is_file():
-                    errors[target] = f"{rel} is missing"
-                elif _sha(path) != sha:  # still run: the table shows which output moved
-                    errors.setdefault(target, f"{rel} is not the test data the export wrote (sha256 differs)")
-            if errors.get(target, "").endswith("missing"):
-                continue
-            model = safe_child(tests, info["file"], what="the ONNX test model")
-            import onnx
-
-            graph = onnx.load(str(model), load_external_data=False).graph
-            out_names = [o.name for o in graph.output]
-            for n, label in enumerate(sets):
-                d = tests / f"test_data_set_{n}"
-                feeds = [_pb(p) for p in _numbered(d, "input")]
-                expected = [t for _, t in (_pb(p) for p in _numbered(d, "output"))]
-                got = call_isolated(
-                    _run_onnx_set, str(model), feeds, out_names, target=target, what=f"running {d.name}"
-                )
-                outputs += _rows(target, f"bundle:{label}", got, expected, record)
+            outputs += _selftest_onnx(folder, target, info, record, sets, errors)
     if not found:
         raise InputError(
             f"the export {name!r} in {str(folder)!r} has no self-test bundles",

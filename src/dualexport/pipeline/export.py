@@ -170,29 +170,7 @@ def export_set(
         )
         for t in targets
     }
-    outcomes: dict[str, Outcome] = {}
-    try:
-        lowering = [t for t, job in jobs.items() if job.prepare()]
-        parallel = (
-            options.parallel
-            if options.parallel is not None
-            else parallel_worthwhile(weight_bytes(shared.exported_program))
-        )
-        # With two targets to lower and a free core, XNNPACK (the long one) lowers in a forked
-        # worker while this process runs the ONNX job; the worker lowers the holder's tensors.
-        background = "xnnpack" if parallel and set(lowering) == {"onnx", "xnnpack"} else None
-        if background is not None:
-            jobs[background].start(fork=True)
-        for t, job in jobs.items():
-            if t != background:
-                if t in lowering:
-                    job.start()
-                outcomes[t] = job.finish()
-        if background is not None:
-            outcomes[background] = jobs[background].finish()
-    finally:
-        for job in jobs.values():
-            job.cancel()  # only an unfinished job (an interrupt) has anything to undo
+    outcomes = _run_jobs(shared, jobs, options)
     outcomes = {t: outcomes[t] for t in targets}
     published: dict[str, Published] = {t: o for t, o in outcomes.items() if not isinstance(o, Failed)}
     bundles = {}
@@ -213,6 +191,37 @@ def export_set(
         "total": time.perf_counter() - t0,
     }
     return SetResult(shared, MappingProxyType(outcomes), manifest, MappingProxyType(seconds))
+
+
+def _run_jobs(
+    shared: SharedProgram, jobs: dict[str, TargetJob], options: ExportOptions
+) -> dict[str, Outcome]:
+    """Every target's outcome: each job is prepared (a cache hit needs no lowering), then
+    lowered; with two targets to lower and a free core, XNNPACK (the long one) lowers in a
+    forked worker while this process runs the ONNX job (the worker lowers the holder's tensors).
+    An unfinished job (an interrupt) is cancelled."""
+    outcomes: dict[str, Outcome] = {}
+    try:
+        lowering = [t for t, job in jobs.items() if job.prepare()]
+        parallel = (
+            options.parallel
+            if options.parallel is not None
+            else parallel_worthwhile(weight_bytes(shared.exported_program))
+        )
+        background = "xnnpack" if parallel and set(lowering) == {"onnx", "xnnpack"} else None
+        if background is not None:
+            jobs[background].start(fork=True)
+        for t, job in jobs.items():
+            if t != background:
+                if t in lowering:
+                    job.start()
+                outcomes[t] = job.finish()
+        if background is not None:
+            outcomes[background] = jobs[background].finish()
+    finally:
+        for job in jobs.values():
+            job.cancel()  # only an unfinished job (an interrupt) has anything to undo
+    return outcomes
 
 
 def _write_side_files(

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.utils import _pytree as pytree
 
+from ..compat.torch import pytree
 from ..shared_state.program import reference_module
 
 __all__ = ["EagerRunner"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..compat.executorch import load_for_executorch
 from ..errors import InputError, RuntimeExecutionError, RuntimeLoadError
 from ..outputs.paths import safe_child
 from ..shared_state.contract import DATA_FILE_METHOD, DATA_SUFFIX, RANGES_METHOD, decode_input_ranges
@@ -59,9 +60,7 @@ class ExecuTorchRunner:
             )
         try:
             if external:
-                from executorch.extension.pybindings.portable_lib import _load_for_executorch
-
-                module = _load_for_executorch(str(path), data_path=str(self.data_path))
+                module = load_for_executorch(str(path), str(self.data_path))
                 self._run = lambda inputs: module.run_method(method, inputs)
                 self._meta = module.method_meta(method)
             else:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .._proc import StallWatch
+from ..compat.executorch import reset_threadpool
 from ..errors import DualExportError, RuntimeExecutionError, RuntimeLoadError
 
 __all__ = ["IsolatedRunner", "call_isolated", "STALL_SECONDS"]
@@ -55,13 +56,11 @@ def _child_setup(target: str) -> None:
     if target != "xnnpack":  # importing ExecuTorch's runtime costs seconds an ONNX child never needs
         return
     with contextlib.suppress(Exception):  # pthreadpool's workers did not survive the fork
-        from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
         saved = os.dup(2)
         try:
             with open(os.devnull, "w") as null:  # the reset logs a line on stderr
                 os.dup2(null.fileno(), 2)
-                _unsafe_reset_threadpool(len(os.sched_getaffinity(0)))
+                reset_threadpool(len(os.sched_getaffinity(0)))
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.utils import _pytree as pytree
 
+from ..compat.torch import op_schema, pytree
 from ..errors import InputError
 
 __all__ = [
@@ -105,7 +105,7 @@ def is_stateful(program: ExportedProgram) -> bool:
         return True
     buffers = set(program.graph_signature.inputs_to_buffers)
     for node in program.graph.nodes:
-        schema = getattr(node.target, "_schema", None)
+        schema = op_schema(node.target)
         if (
             node.op == "call_function"
             and schema is not None

@@ -11,31 +11,32 @@ registered since the last one. So it is skipped while the dispatcher's list of C
 (one C call, under 1 ms) is the one already walked; a newly registered op is still materialized.
 torch's own comment explains why it does not cache: ops can be added at any time; this keys on
 exactly that.
+
+The skip is in force only inside ``walk_cia_ops_once_per_change()``, a context manager around
+dualexport's own export, decompositions and lowerings (re-entrant: the outermost block installs
+it and restores torch's function); importing dualexport changes nothing in torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from ..compat.torch import cia_materializer, cia_registrations, set_cia_materializer
 
 __all__ = ["walk_cia_ops_once_per_change"]
 
 _lock = threading.Lock()
 _walked: tuple[str, ...] | None = None
+_depth = 0
+_original: Callable[[], None] | None = None
 
 
-def walk_cia_ops_once_per_change() -> None:
-    """Install the skip in ``torch._export.utils`` (idempotent)."""
-    import torch
-    from torch._export import utils
-
-    original: Callable[[], None] = utils._materialize_cpp_cia_ops
-    if getattr(original, "dualexport_walk_once", False):
-        return
-
+def _skipping(original: Callable[[], None]) -> Callable[[], None]:
     def materialize_when_changed() -> None:
         global _walked
-        current = tuple(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"))
+        current = cia_registrations()
         with _lock:
             if current == _walked:
                 return
@@ -43,4 +44,27 @@ def walk_cia_ops_once_per_change() -> None:
             _walked = current
 
     materialize_when_changed.dualexport_walk_once = True  # type: ignore[attr-defined]
-    utils._materialize_cpp_cia_ops = materialize_when_changed
+    return materialize_when_changed
+
+
+@contextlib.contextmanager
+def walk_cia_ops_once_per_change() -> Iterator[None]:
+    """Within the block, torch walks the CIA registrations only when they changed (re-entrant;
+    any thread's decomposition sees the skip while a block is open, as torch's function is a
+    module global)."""
+    global _depth, _original
+    with _lock:
+        if _depth == 0:
+            current = cia_materializer()
+            if not getattr(current, "dualexport_walk_once", False):
+                _original = current
+                set_cia_materializer(_skipping(current))
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _original is not None:
+                set_cia_materializer(_original)
+                _original = None

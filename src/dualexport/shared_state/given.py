@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.utils import _pytree as pytree
 
+from ..compat.torch import pytree, value_ranges
 from ..errors import InputError
 from .contract import check_input_shapes
 from .nodes import describe_node
@@ -207,7 +207,6 @@ def align_shape_env(program: ExportedProgram) -> tuple[str, ...]:
     trace's own convention as a narrowed range. The declared ranges (``range_constraints``, what
     the files must accept at min, max-1 and max) are left as they are."""
     import sympy
-    from torch.utils._sympy.value_ranges import ValueRanges
 
     from .fingerprint import find_shape_env
 
@@ -224,6 +223,6 @@ def align_shape_env(program: ExportedProgram) -> tuple[str, ...]:
         vr = env.var_to_range.get(sym) if isinstance(sym, sympy.Symbol) else None
         if vr is None or not vr.lower < 2 <= vr.upper:
             continue
-        env.var_to_range[sym] = ValueRanges(sympy.Integer(2), vr.upper)
+        env.var_to_range[sym] = value_ranges(sympy.Integer(2), vr.upper)
         changed.append(f"{sym}: [{vr.lower}, {vr.upper}] -> [2, {vr.upper}]")
     return tuple(changed)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from torch.export import ExportedProgram
 
+from ..compat.torch import set_weight_dicts
+
 __all__ = ["LinkReport", "link_state_dict"]
 
 
@@ -48,10 +50,10 @@ def link_state_dict(decomposed: ExportedProgram, holder: ExportedProgram) -> Lin
     const_changes = _diff(holder.constants, decomposed.constants)
     linked = not sd_changes
     if linked and decomposed.state_dict is not holder.state_dict:
-        decomposed._state_dict = holder.state_dict
+        set_weight_dicts(decomposed, state_dict=holder.state_dict)
     constants_linked = not const_changes
     if constants_linked and decomposed.constants is not holder.constants:
-        decomposed._constants = holder.constants
+        set_weight_dicts(decomposed, constants=holder.constants)
     return LinkReport(
         linked=linked,
         constants_linked=constants_linked,

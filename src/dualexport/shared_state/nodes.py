@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from ..compat.torch import OpOverload
+
 __all__ = ["op_name", "user_frame", "describe_node", "weight_placeholders", "unused_weight_notes"]
 
 
 def op_name(node: torch.fx.Node) -> str:
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         return str(target)  # e.g. aten.convolution.default
     return getattr(target, "__name__", str(target))
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import non_persistent_buffers
 from ..errors import (
     CaptureError,
     DecompositionError,
@@ -41,9 +42,6 @@ from .transforms import TransformRecord, run_transform, transform_kind, transfor
 __all__ = ["SharedProgram", "Pin", "reference_module", "narrowed_error"]
 
 logger = logging.getLogger(__name__)
-
-# every decomposition of an export (ours, torch.onnx's, ExecuTorch's) pays for it: see the module
-walk_cia_ops_once_per_change()
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ def reference_module(program: ExportedProgram) -> torch.nn.Module:
     for fqn, buf in list(module.named_buffers()):
         owner_name, _, leaf = fqn.rpartition(".")
         owner = module.get_submodule(owner_name) if owner_name else module
-        persistent = leaf not in getattr(owner, "_non_persistent_buffers_set", set())
+        persistent = leaf not in non_persistent_buffers(owner)
         owner.register_buffer(leaf, buf.clone(), persistent=persistent)
     return module
 
@@ -169,13 +167,14 @@ class SharedProgram:
         model.eval()
         start = time.perf_counter()
         try:
-            ep = torch.export.export(
-                model,
-                tuple(args),
-                dict(kwargs) if kwargs else None,
-                dynamic_shapes=dynamic_shapes,
-                strict=strict,
-            )
+            with walk_cia_ops_once_per_change():
+                ep = torch.export.export(
+                    model,
+                    tuple(args),
+                    dict(kwargs) if kwargs else None,
+                    dynamic_shapes=dynamic_shapes,
+                    strict=strict,
+                )
         except Exception as exc:
             fixes = _suggested_fixes(exc)
             raise CaptureError(
@@ -318,7 +317,8 @@ class SharedProgram:
             )
         shapes = snapshot_shape_env(self._ep)
         try:
-            new_ep = fn(self._ep)
+            with walk_cia_ops_once_per_change():
+                new_ep = fn(self._ep)
         except TransformError:
             raise
         except Exception as exc:
@@ -351,7 +351,8 @@ class SharedProgram:
     def decompose(self, target: str, fn: Callable[[ExportedProgram], ExportedProgram]) -> ExportedProgram:
         """Run a target's decomposition on the shared program and link its state_dict back."""
         try:
-            dec = fn(self._ep)
+            with walk_cia_ops_once_per_change():
+                dec = fn(self._ep)
         except Exception as exc:
             raise DecompositionError(
                 f"decomposition for {target} failed: {type(exc).__name__}: {_first_line_of_user_code(exc)}",

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..compat.torch import is_annotated, pytree
 from ..errors import InputError, TransformError
 
 __all__ = [
@@ -156,7 +157,7 @@ def _left_in_float(prepared: torch.fx.GraphModule, why: Mapping[str, str]) -> di
             integer += 1
             continue
         annotation = node.meta.get(Q_ANNOTATION_KEY)
-        if annotation is not None and getattr(annotation, "_annotated", False):
+        if is_annotated(annotation):
             continue
         reason = why.get(node.name, "no int8 pattern in XNNPACKQuantizer")
         groups.setdefault((op, reason), []).append(node.name)
@@ -175,15 +176,7 @@ def quantize_shared(
     """Replace the shared program by its PT2E int8 version: symmetric per-channel int8 weights
     in ``weight_range(targets)``; activations per-tensor int8, calibrated (``"int8"``) or chosen
     at run time (``"int8-dynamic"``, linear layers only)."""
-    if scheme not in SCHEMES:
-        raise InputError(f"quantize={scheme!r} is not supported", hint=f"use one of {', '.join(SCHEMES)}")
-    dynamic = scheme == "int8-dynamic"
-    if not dynamic and calibration is None:
-        raise InputError(
-            "quantize='int8' needs calibration data",
-            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs, or use "
-            "quantize='int8-dynamic' (activations quantized at run time, no calibration)",
-        )
+    dynamic = _check_scheme(scheme, calibration)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from .quantizer import make_quantizer, one_dynamic_quantization_per_linear
@@ -212,19 +205,7 @@ def quantize_shared(
         converted = convert_pt2e(prepared)
         if dynamic:
             one_dynamic_quantization_per_linear(converted)
-        try:
-            return torch.export.export(
-                converted,
-                shared.example_args,
-                shared.example_kwargs or None,
-                dynamic_shapes=shared.dynamic_shapes,
-                strict=False,
-            )
-        except Exception as exc:
-            raise TransformError(
-                f"the quantized graph could not be re-exported: {exc}",
-                hint="quantize a model without data-dependent control flow",
-            ) from exc
+        return _reexport(shared, converted)
 
     float_program = shared.exported_program
     label = "dynamic" if dynamic else "static"
@@ -236,12 +217,7 @@ def quantize_shared(
         "scheme": scheme,
         "quantizer": "XNNPACKQuantizer (integer-safe) symmetric per-channel",
         "weights": {"dtype": "int8", "range": [-qmax, qmax], "why": range_why},
-        "activations": (
-            "int8 per tensor, chosen at run time (eager and ONNX Runtime's DynamicQuantizeLinear "
-            "per tensor; XNNPACK's dynamic fully-connected per row)"
-            if dynamic
-            else f"int8 per tensor, static, calibrated on {len(sets)} input set(s)"
-        ),
+        "activations": _activations(dynamic, len(sets)),
         "calibration_sets": len(sets),
         **record,
         "seconds": round(time.perf_counter() - start, 3),
@@ -252,6 +228,49 @@ def quantize_shared(
     )
 
 
+def _check_scheme(scheme: str, calibration: Iterable[Any] | None) -> bool:
+    """Refuse an unknown scheme, and static int8 without calibration data; True for the
+    dynamic scheme."""
+    if scheme not in SCHEMES:
+        raise InputError(f"quantize={scheme!r} is not supported", hint=f"use one of {', '.join(SCHEMES)}")
+    dynamic = scheme == "int8-dynamic"
+    if not dynamic and calibration is None:
+        raise InputError(
+            "quantize='int8' needs calibration data",
+            hint="pass calibration=[(x1,), (x2,), ...] with representative inputs, or use "
+            "quantize='int8-dynamic' (activations quantized at run time, no calibration)",
+        )
+    return dynamic
+
+
+def _reexport(shared: Any, converted: torch.nn.Module) -> torch.export.ExportedProgram:
+    """The converted (quantized) module traced again with the shared program's examples and
+    dynamic shapes."""
+    try:
+        return torch.export.export(
+            converted,
+            shared.example_args,
+            shared.example_kwargs or None,
+            dynamic_shapes=shared.dynamic_shapes,
+            strict=False,
+        )
+    except Exception as exc:
+        raise TransformError(
+            f"the quantized graph could not be re-exported: {exc}",
+            hint="quantize a model without data-dependent control flow",
+        ) from exc
+
+
+def _activations(dynamic: bool, sets: int) -> str:
+    """How the activations are quantized, for the export's record."""
+    if dynamic:
+        return (
+            "int8 per tensor, chosen at run time (eager and ONNX Runtime's DynamicQuantizeLinear "
+            "per tensor; XNNPACK's dynamic fully-connected per row)"
+        )
+    return f"int8 per tensor, static, calibrated on {sets} input set(s)"
+
+
 def _annotated(node: torch.fx.Node) -> bool:
     from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
@@ -259,7 +278,7 @@ def _annotated(node: torch.fx.Node) -> bool:
     return (
         node.op == "call_function"
         and annotation is not None
-        and getattr(annotation, "_annotated", False)
+        and is_annotated(annotation)
         and (annotation.output_qspec is not None or bool(annotation.input_qspec_map))
         and _op(node) not in _MOVES
     )
@@ -268,7 +287,7 @@ def _annotated(node: torch.fx.Node) -> bool:
 def _positional(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
     """The flat positional arguments ``module`` (an unlifted program module) takes for
     ``args``/``kwargs``: its graph's placeholders are the flattened inputs."""
-    flat, _ = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+    flat, _ = pytree.tree_flatten((tuple(args), dict(kwargs)))
     return tuple(flat)
 
 

@@ -28,6 +28,8 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from torchao.quantization.pt2e import PlaceholderObserver
 from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
 
+from ..compat.torch import is_annotated
+
 __all__ = [
     "one_dynamic_quantization_per_linear",
     "share_through_moves",
@@ -172,7 +174,7 @@ def share_through_moves(model: torch.fx.GraphModule) -> None:
         prev_annotation = prev.meta.get(Q_ANNOTATION_KEY)
         if prev_annotation is None or prev_annotation.output_qspec is None:
             continue
-        if Q_ANNOTATION_KEY in n.meta and n.meta[Q_ANNOTATION_KEY]._annotated:
+        if is_annotated(n.meta.get(Q_ANNOTATION_KEY)):
             continue
         shared = SharedQuantizationSpec(prev)
         n.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(

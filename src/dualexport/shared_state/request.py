@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..compat.torch import dim_like_types
 from ..errors import InputError
 
 __all__ = ["validate_export_request", "check_dynamic_shapes", "check_containers", "weight_bytes"]
@@ -170,9 +171,7 @@ def _check_quantize(quantize: Any, calibration: Any) -> None:
 
 # ------------------------------------------------------------------------------ dynamic shapes
 def _is_dim_like(v: Any) -> bool:
-    from torch.export.dynamic_shapes import Dim, _DerivedDim, _DimHint
-
-    return v is None or isinstance(v, (int, _DimHint, Dim, _DerivedDim))
+    return v is None or isinstance(v, (int, *dim_like_types()))
 
 
 def _check_tensor_spec(path: str, x: torch.Tensor, spec: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ..compat.torch import set_graph_module
 from ..errors import TransformError
 
 __all__ = ["ProgramTransform", "TransformRecord", "transform_kind", "transform_name"]
@@ -91,7 +92,7 @@ def apply_graph_pass(program: ExportedProgram, fn: Any) -> None:
     elif result is not None and hasattr(result, "graph_module"):
         new_gm = result.graph_module
     if new_gm is not None and new_gm is not gm:
-        program._graph_module = new_gm
+        set_graph_module(program, new_gm)
         gm = new_gm
     gm.graph.lint()
     gm.recompile()

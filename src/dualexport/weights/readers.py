@@ -17,6 +17,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..compat.executorch import deserialize_flat_tensor, deserialize_pte
 from ..errors import ArtifactFormatError, ArtifactIOError
 from ..outputs.paths import safe_child
 
@@ -234,10 +235,7 @@ def sha256_mapped(data: mmap.mmap, offset: int, nbytes: int) -> str:
 def read_ptd(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], Any]:
     """The named data of an ExecuTorch data file (``.ptd``, FlatTensor): key -> (offset, nbytes)
     in the file, and the file mapped read-only. XNNPACK's keys are the sha256 of the bytes."""
-    from executorch.extension.flat_tensor.serialize.serialize import (
-        FlatTensorHeader,
-        _deserialize_to_flat_tensor,
-    )
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader
 
     try:
         with open(path, "rb") as f:
@@ -245,7 +243,7 @@ def read_ptd(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], Any]:
         header = FlatTensorHeader.from_bytes(bytes(data[8 : 8 + 64]))
         if not header.is_valid():
             raise ValueError("no FlatTensor header")
-        flat = _deserialize_to_flat_tensor(bytes(data[: header.flatbuffer_offset + header.flatbuffer_size]))
+        flat = deserialize_flat_tensor(bytes(data[: header.flatbuffer_offset + header.flatbuffer_size]))
         index = {
             nd.key: (
                 header.segment_base_offset + flat.segments[nd.segment_index].offset,
@@ -268,8 +266,6 @@ def read_ptd(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], Any]:
 def read_pte(path: pathlib.Path) -> PteTensors:
     import mmap
 
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
     path = pathlib.Path(path)
     try:
         # Mapped, not read: ExecuTorch's deserializer slices a memoryview without copying, so
@@ -283,7 +279,7 @@ def read_pte(path: pathlib.Path) -> PteTensors:
         ) from exc
     check_pte_header(path, data)
     try:
-        pte = deserialize_pte_binary(memoryview(data))
+        pte = deserialize_pte(memoryview(data))
     except Exception as exc:
         raise ArtifactFormatError(
             f"{path.name} is not a readable ExecuTorch program: {exc}",
@@ -374,11 +370,9 @@ def file_extent(data: Any, view: Any) -> tuple[int, int] | None:
 def pte_extents(path: pathlib.Path) -> tuple[dict[str, tuple[int, int]], dict[int, tuple[int, int]]]:
     """File offset and size of every named-data buffer and every constant buffer of a .pte
     (what the weights-only patch rewrites in place), from ExecuTorch's own reader."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
     with open(path, "rb") as f:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    pte = deserialize_pte_binary(memoryview(data))
+    pte = deserialize_pte(memoryview(data))
     named: dict[str, tuple[int, int]] = {}
     nd = pte.named_data
     if nd is not None:

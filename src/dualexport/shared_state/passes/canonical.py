@@ -28,6 +28,7 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
+from ...compat.torch import op_schema
 from .base import ProgramPass
 from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of
 
@@ -43,7 +44,7 @@ def _mutated_through(node: torch.fx.Node) -> bool:
     for user in node.users:
         if user.op != "call_function":
             continue
-        schema = getattr(user.target, "_schema", None)
+        schema = op_schema(user.target)
         if schema is not None and schema.is_mutable:
             for arg, value in zip(schema.arguments, user.args, strict=False):
                 if value is node and arg.alias_info is not None and arg.alias_info.is_write:
@@ -125,7 +126,7 @@ class ExplicitPoolArgs(ProgramPass):
             n = _POOLS.get(node.target) if node.op == "call_function" else None
             if n is None:
                 continue
-            schema = node.target._schema
+            schema = op_schema(node.target)
             values = list(node.args) + [
                 node.kwargs[a.name] if a.name in node.kwargs else a.default_value
                 for a in schema.arguments[len(node.args) :]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ...compat.torch import OpOverload, op_schema
 from .base import ProgramPass
 from .graph_edit import drop_dead_constants, fake_mode_of, lift_constant
 
@@ -38,13 +39,13 @@ def _foldable_op(node: torch.fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
         return True
-    if not isinstance(target, torch._ops.OpOverload) or target in _NEVER_FOLD:
+    if not isinstance(target, OpOverload) or target in _NEVER_FOLD:
         return False
     if target.namespace in _QUANT_NAMESPACES:  # a folded dequantize would un-quantize the weights
         return False
-    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+    if torch.Tag.nondeterministic_seeded in target.tags or op_schema(target).is_mutable:
         return False
-    return bool(target._schema.returns)
+    return bool(op_schema(target).returns)
 
 
 def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
@@ -67,7 +68,7 @@ def _constant_inputs(program: ExportedProgram) -> dict[str, torch.Tensor]:
 
 def _aliases(node: torch.fx.Node) -> bool:
     """Whether ``node``'s result is a view of its first input (a view op)."""
-    schema = getattr(node.target, "_schema", None)
+    schema = op_schema(node.target)
     return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
 
 
@@ -75,7 +76,7 @@ def _written(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """Nodes whose result an in-place op writes, directly or through views of it."""
     out: set[torch.fx.Node] = set()
     for node in graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        schema = op_schema(node.target) if node.op == "call_function" else None
         if schema is None or not schema.is_mutable:
             continue
         for arg, value in zip(schema.arguments, node.args, strict=False):
@@ -92,16 +93,9 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def fold_constants(
-    program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES, *, drop_unused: bool = True
-) -> ExportedProgram:
-    """Replace every maximal input-independent subgraph by one lifted constant, in place.
-
-    Returns the same program (edited), so the holder's state_dict stays the one dict. With
-    ``drop_unused=False`` a lifted constant nothing reads any more keeps its (unused)
-    placeholder: a target's program keeps every entry of the holder's, and the weight manifest
-    then reads it as unused by that target.
-    """
+def _evaluate(program: ExportedProgram, max_bytes: int) -> dict[torch.fx.Node, Any]:
+    """Every node whose value is computable now (from lifted constants alone), with that value;
+    results larger than ``max_bytes`` and ops that cannot run eagerly are left out."""
     graph = program.graph
     values: dict[torch.fx.Node, Any] = {}
     constants = _constant_inputs(program)
@@ -127,10 +121,13 @@ def fold_constants(
             if isinstance(result, torch.Tensor) and _nbytes(result) > max_bytes:
                 continue
             values[node] = result
+    return values
 
-    # A value written in place later (the training IR keeps in-place ops: ``x.masked_fill_``),
-    # or aliased by one that is, must stay computed: as a constant it would be mutated, and
-    # what was folded after it would have read it before the write.
+
+def _drop_written(graph: torch.fx.Graph, values: dict[torch.fx.Node, Any]) -> None:
+    """A value written in place later (the training IR keeps in-place ops: ``x.masked_fill_``),
+    or aliased by one that is, must stay computed: as a constant it would be mutated, and what
+    was folded after it would have read it before the write."""
     for bad in _written(graph):
         stack = [bad]
         while stack:
@@ -138,8 +135,10 @@ def fold_constants(
             if values.pop(n, None) is not None or n is bad:
                 stack.extend(u for u in n.users if u in values)
 
-    # A metadata assert on a folded value is decided now: run it once and drop it, so it does
-    # not keep its input alive as a second constant.
+
+def _decide_asserts(graph: torch.fx.Graph, values: dict[torch.fx.Node, Any]) -> None:
+    """A metadata assert on a folded value is decided now: run it once and drop it, so it does
+    not keep its input alive as a second constant."""
     for node in list(graph.nodes):
         if (
             node.op == "call_function"
@@ -153,6 +152,22 @@ def fold_constants(
             except Exception:  # a failing check stays in the program
                 continue
             graph.erase_node(node)
+
+
+def fold_constants(
+    program: ExportedProgram, max_bytes: int = FOLD_MAX_BYTES, *, drop_unused: bool = True
+) -> ExportedProgram:
+    """Replace every maximal input-independent subgraph by one lifted constant, in place.
+
+    Returns the same program (edited), so the holder's state_dict stays the one dict. With
+    ``drop_unused=False`` a lifted constant nothing reads any more keeps its (unused)
+    placeholder: a target's program keeps every entry of the holder's, and the weight manifest
+    then reads it as unused by that target.
+    """
+    graph = program.graph
+    values = _evaluate(program, max_bytes)
+    _drop_written(graph, values)
+    _decide_asserts(graph, values)
     frontier = [
         n
         for n in values

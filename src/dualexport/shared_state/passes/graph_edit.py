@@ -16,6 +16,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
+from ...compat.torch import detect_fake_mode, graph_used_names, op_schema, set_graph_signature
+
 __all__ = [
     "lift_constant",
     "drop_dead_constants",
@@ -29,7 +31,7 @@ __all__ = [
 
 def fake_mode_of(program: ExportedProgram) -> Any:
     """The fake mode the program's ``meta["val"]`` tensors live in (None when there is none)."""
-    return torch._guards.detect_fake_mode(
+    return detect_fake_mode(
         [n.meta["val"] for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     )
 
@@ -72,14 +74,13 @@ def lift_constant(
             kind=InputKind.CONSTANT_TENSOR, arg=TensorArgument(name=ph.name), target=ph.name, persistent=None
         ),
     )
-    program._graph_signature = ExportGraphSignature(input_specs=specs, output_specs=list(sig.output_specs))
+    set_graph_signature(program, ExportGraphSignature(input_specs=specs, output_specs=list(sig.output_specs)))
     return ph
 
 
 def _reserved_names(graph: torch.fx.Graph) -> set[str]:
     """Names FX's namespace has handed out (erased nodes' included)."""
-    namespace = getattr(graph, "_graph_namespace", None)
-    return set(getattr(namespace, "_used_names", ()))
+    return graph_used_names(graph)
 
 
 def drop_dead_constants(program: ExportedProgram) -> None:
@@ -101,7 +102,7 @@ def drop_dead_constants(program: ExportedProgram) -> None:
             program.constants.pop(s.target, None)
             continue
         kept.append(s)
-    program._graph_signature = ExportGraphSignature(input_specs=kept, output_specs=list(sig.output_specs))
+    set_graph_signature(program, ExportGraphSignature(input_specs=kept, output_specs=list(sig.output_specs)))
 
 
 def call(
@@ -146,7 +147,7 @@ def argument(node: torch.fx.Node, name: str, default: Any = None) -> Any:
     """``node``'s argument ``name``, positional or keyword, by the op's schema."""
     if name in node.kwargs:
         return node.kwargs[name]
-    schema = getattr(node.target, "_schema", None)
+    schema = op_schema(node.target)
     if schema is None:
         return default
     for i, arg in enumerate(schema.arguments):
