@@ -273,3 +273,36 @@ def test_the_manifest_and_the_page_list_what_stayed_in_float(qres: dx.ExportResu
         assert {"op", "reason", "count"} <= set(f), f
     page = render_export_page(qres)
     assert "Quantization: int8" in page and "Integer computations" in page
+
+
+def test_an_elementwise_op_with_a_constant_operand_stays_in_float() -> None:
+    """RMSNorm's gain (all ones at init) times the normalized activation: observed as an
+    activation, a constant's per-tensor scale degenerates (1/255 with zero point 0 clips the gain
+    to 0.5) and XNNPACK's static mul computed yet another value (a tiny Llama's static int8 .pte
+    at cosine 0.76 against its own program). The quantizer leaves such ops in float and says why;
+    the activation-by-activation mul beside it is still quantized."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    from dualexport.shared_state.quantizer import make_quantizer
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+            self.gain = torch.nn.Parameter(torch.ones(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x)
+            return self.gain * h + h * torch.sigmoid(h)
+
+    x = torch.randn(2, 16)
+    module = torch.export.export(Norm().eval(), (x,), strict=False).module()
+    quantizer = make_quantizer(dynamic=False, weight_qmax=127, scan_sets=[(x,)])
+    prepared = prepare_pt2e(module, quantizer)
+    reasons = quantizer.reasons()
+    muls = [n for n in prepared.graph.nodes if n.target == torch.ops.aten.mul.Tensor]
+    with_constant = [n for n in muls if any(a.op == "get_attr" for a in n.all_input_nodes)]
+    assert len(with_constant) == 1 and "constant operand" in reasons[with_constant[0].name], reasons
+    others = [n for n in muls if n not in with_constant]
+    assert others and all(n.name not in reasons for n in others)
+    assert all("activation_post_process" in u.name for n in others for u in n.users)  # observed

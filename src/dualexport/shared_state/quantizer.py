@@ -104,11 +104,35 @@ def feeds_relative_op(node: torch.fx.Node) -> bool:
     return False
 
 
+#: elementwise ops whose constant operand the quantizer would observe as an activation
+_ELEMENTWISE = frozenset(
+    {
+        torch.ops.aten.add.Tensor,
+        torch.ops.aten.mul.Tensor,
+        torch.ops.aten.sub.Tensor,
+        torch.ops.aten.div.Tensor,
+    }
+)
+
+
+def weight_operand(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an elementwise op with a constant operand (a norm's gain, a scalar
+    turned into an attribute). Why it stays in float: the quantizer observes that operand as an
+    activation, per tensor, and a HistogramObserver on a constant is degenerate (RMSNorm's
+    all-ones gain: scale 1/255, zero point 0, so the gain clips to 0.5); XNNPACK's static mul
+    then computes yet another value (measured: a tiny Llama's static int8 .pte at cosine 0.76
+    against its own quantized program, 1.0 with those muls in float)."""
+    if node.op != "call_function" or node.target not in _ELEMENTWISE:
+        return False
+    return any(isinstance(a, torch.fx.Node) and a.op == "get_attr" for a in node.args)
+
+
 def _annotatable(node: torch.fx.Node, sentinels: set[str]) -> bool:
     """The filter the annotators ask about every node of a pattern: only float computations,
-    none of whose values holds a sentinel, that are not a normalization's statistic."""
+    none of whose values holds a sentinel, that are not a normalization's statistic and have no
+    constant operand (``weight_operand``)."""
     if node.op == "call_function" and (
-        not is_float_node(node) or node.name in sentinels or feeds_relative_op(node)
+        not is_float_node(node) or node.name in sentinels or feeds_relative_op(node) or weight_operand(node)
     ):
         return False
     inputs = [a for a in node.all_input_nodes if a.op == "call_function" and _val(a) is not None]
@@ -280,6 +304,10 @@ class IntegerSafeQuantizer(XNNPACKQuantizer):
                 out[node.name] = f"holds a sentinel (|x| >= {SENTINEL:.3g}: an additive mask)"
             elif feeds_relative_op(node):
                 out[node.name] = "a normalization statistic (feeds rsqrt/sqrt/reciprocal/log or a divisor)"
+            elif weight_operand(node):
+                out[node.name] = (
+                    "a constant operand (a norm's gain, a scalar): per-tensor observers on constants degenerate"
+                )
             elif any(a.name in self.left_float for a in node.all_input_nodes):
                 out[node.name] = "an input holds a sentinel (an additive mask)"
             elif self.linear_only and node.target in _DYNAMIC_SKIPPED:
