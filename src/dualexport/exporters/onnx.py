@@ -29,6 +29,7 @@ from ..errors import OnnxLoweringError
 from ..shared_state.contract import RANGES_METADATA, input_specs
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
+from .onnx_quant import MIN_OPSET, Int4Result, register_torchao, uses_torchao, weights_for_matmulnbits
 
 __all__ = ["OnnxExporter", "unsupported_nodes"]
 
@@ -159,7 +160,10 @@ class OnnxExporter:
 
         from .onnx_int8 import fuse_dynamic_linears
 
-        dec = _core._prepare_exported_program_for_export(program, registry=self.registry(options))
+        registry = self.registry(options)
+        if uses_torchao(program):  # quantized weights: written as ONNX Runtime fuses them
+            register_torchao(registry)
+        dec = _core._prepare_exported_program_for_export(program, registry=registry)
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
         return dec
@@ -209,6 +213,16 @@ class OnnxExporter:
             from onnxscript import version_converter
 
             version_converter.convert_version(model, target_opset(options), fallback=True)
+        quant = Int4Result()
+        if uses_torchao(decomposed):
+            if target_opset(options) < MIN_OPSET:
+                raise OnnxLoweringError(
+                    f"quantized weights need ONNX opset {MIN_OPSET} (INT4, blocked DequantizeLinear); "
+                    f"the export asks for {target_opset(options)}",
+                    target=self.target,
+                    hint=f"export with ExportOptions(onnx_opset={MIN_OPSET})",
+                )
+            quant = weights_for_matmulnbits(model)
         state = decomposed.meta_state if hasattr(decomposed, "meta_state") else []
         for item in state:
             # The state input defaults to the buffer's initial value (an initializer of the same
@@ -275,7 +289,7 @@ class OnnxExporter:
             target=self.target,
             files=tuple(files),
             ops=ops,
-            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
+            weight_notes={**pipeline.notes, **quant.notes, **self.weight_notes(decomposed)},
             derived_copies=pipeline.derived,
             kept_tensors=kept,
             opset=model.opset_imports.get("", None),

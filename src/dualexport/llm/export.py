@@ -86,12 +86,7 @@ def export_llm(
             f"model must be a torch.nn.Module or a reference to one, got {type(model).__name__}",
             hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
         )
-    if quantize is not None:
-        raise InputError(
-            f"quantize={quantize!r} is not available for decoders yet: the int4/int8 path that shares "
-            "one set of codes between both files is issue 19's next step",
-            hint="export with quantize=None (fp32)",
-        )
+    scheme = _scheme(quantize)
     max_seq_len = _check_max_seq_len(model, max_seq_len)
     was_training = model.training
     model.eval()
@@ -100,8 +95,15 @@ def export_llm(
         wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
         opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
+        if scheme is not None:
+            opts = _quantized_opset(opts)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
+        transforms = [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
+        if scheme is not None:
+            from .quantize import quantization_transform
+
+            transforms.append(ProgramTransform(quantization_transform(scheme), f"llm:{scheme.describe()}"))
         with torch.no_grad(), attention:
             return api.export(
                 wrapper,
@@ -110,15 +112,42 @@ def export_llm(
                 out_dir=out_dir,
                 name=name,
                 dynamic_shapes=dynamic_shapes(layout),
-                transforms=[ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS]
-                if optimize
-                else [],
+                transforms=transforms,
                 strict=strict,
                 optimize=optimize,
                 options=opts,
             )
     finally:
         model.train(was_training)
+
+
+def _scheme(quantize: Any) -> Any:
+    if quantize is None:
+        return None
+    from .quantize import SCHEMES
+
+    if quantize not in SCHEMES:
+        raise InputError(
+            f"quantize={quantize!r} is not a decoder quantization",
+            hint=f"pass quantize=None, {' or '.join(repr(s) for s in SCHEMES)}",
+        )
+    return SCHEMES[quantize]
+
+
+def _quantized_opset(options: ExportOptions) -> ExportOptions:
+    """Quantized weights are INT4 / blocked DequantizeLinear in the .onnx: opset 21 or later."""
+    import dataclasses
+
+    from ..exporters.onnx_quant import MIN_OPSET
+
+    if options.onnx_opset is None:
+        return dataclasses.replace(options, onnx_opset=MIN_OPSET)
+    if options.onnx_opset < MIN_OPSET:
+        raise InputError(
+            f"quantized decoders need ONNX opset {MIN_OPSET} or later, the options ask for {options.onnx_opset}",
+            hint=f"leave onnx_opset unset or pass onnx_opset={MIN_OPSET}",
+        )
+    return options
 
 
 def _with_metadata(options: ExportOptions, extra: tuple[tuple[str, str], ...]) -> ExportOptions:
