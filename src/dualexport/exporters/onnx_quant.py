@@ -52,13 +52,11 @@ MIN_OPSET = 21
 
 def uses_torchao(program: Any) -> bool:
     """Whether the program holds torchao quantization ops."""
-    return any(
-        n.op == "call_function" and str(n.target).startswith("torchao.") for n in program.graph.nodes
-    )
+    return any(n.op == "call_function" and str(n.target).startswith("torchao.") for n in program.graph.nodes)
 
 
 def _dequantize_affine(
-    input: Any,  # noqa: A002 (the op's own argument names)
+    input: Any,
     block_size: Sequence[int],
     scale: Any,
     zero_point: Any = None,
@@ -96,14 +94,16 @@ def _dequantize_affine(
     if not ok:
         raise NotImplementedError(f"torchao.dequantize_affine with block_size {list(block_size)}")
 
-    def params(v: Any) -> Any:
-        # torchao reduces the blocked dims away (keepdim=False): put them back as size 1
-        v = op.Cast(v, to=ir.DataType.FLOAT)
-        if v.shape is not None and len(v.shape) < rank:
-            v = op.Unsqueeze(v, op.Constant(value_ints=blocked))
-        return v
-
     x = op.Cast(input, to=ir.DataType.FLOAT)
+    # torchao reduces the blocked dims away (keepdim=False) and views the parameters back as
+    # ``input``'s shape with the blocked dims 1: the same Reshape, from the input's runtime shape
+    # (the parameters' static rank is not always known to the translation).
+    mask = op.Constant(value_ints=[1 if b != 1 else 0 for b in block_size])
+    target = op.Where(op.Cast(mask, to=ir.DataType.BOOL), op.Constant(value_ints=[1] * rank), op.Shape(x))
+
+    def params(v: Any) -> Any:
+        return op.Reshape(op.Cast(v, to=ir.DataType.FLOAT), target)
+
     if zero_point is not None:
         x = op.Sub(x, params(zero_point))
     out = op.Mul(x, params(scale))
@@ -147,6 +147,14 @@ def _const(value: Any) -> Any:
     return None, None
 
 
+def _initializer(name: str, array: Any) -> Any:
+    """A typed, shaped initializer value (onnx_ir skips serializing an untyped one)."""
+    import onnx_ir as ir
+
+    tensor = ir.tensor(array, name=name)
+    return ir.Value(name=name, const_value=tensor, type=ir.TensorType(tensor.dtype), shape=tensor.shape)
+
+
 def weights_for_matmulnbits(model: Any) -> Int4Result:
     """``Transpose(DequantizeLinear(Cast(codes[N,K], INT4), scales[N,K/G], axis=1))`` read by
     ``MatMul`` -> ``DequantizeLinear(codes_kn[K,N] INT4, scales_kn[K/G,N], axis=0)``, in place.
@@ -160,7 +168,11 @@ def weights_for_matmulnbits(model: Any) -> Int4Result:
     count = 0
     notes: dict[str, str] = {}
     for node in list(graph):
-        if node.op_type != "Transpose" or node.domain != "" or list(node.attributes.get_ints("perm", [])) != [1, 0]:
+        if (
+            node.op_type != "Transpose"
+            or node.domain != ""
+            or list(node.attributes.get_ints("perm", [])) != [1, 0]
+        ):
             continue
         dq = node.inputs[0].producer() if node.inputs[0] is not None else None
         if dq is None or dq.op_type != "DequantizeLinear" or dq.attributes.get_int("axis", 1) != 1:
@@ -175,7 +187,12 @@ def weights_for_matmulnbits(model: Any) -> Int4Result:
         scales, _ = _const(dq.inputs[1])
         zp_in = dq.inputs[2] if len(dq.inputs) > 2 else None
         zps, _ = _const(zp_in)
-        if codes is None or scales is None or cast not in (ir.DataType.INT4, None) or (zp_in is not None and zps is None):
+        if (
+            codes is None
+            or scales is None
+            or cast not in (ir.DataType.INT4, None)
+            or (zp_in is not None and zps is None)
+        ):
             continue
         c = codes.const_value.numpy()
         if c.ndim != 2 or (cast is ir.DataType.INT4 and (c.min() < -8 or c.max() > 7)):
@@ -184,9 +201,8 @@ def weights_for_matmulnbits(model: Any) -> Int4Result:
         if zps is not None and not zeros:
             continue  # non-zero zero points: not written by our quantizer; left as they are
         kn = np.ascontiguousarray(c.T).astype(ml_dtypes.int4 if cast is ir.DataType.INT4 else c.dtype)
-        new_codes = ir.Value(name=f"{codes.name}.kn", const_value=ir.tensor(kn, name=f"{codes.name}.kn"))
-        s = np.ascontiguousarray(scales.const_value.numpy().T)
-        new_scales = ir.Value(name=f"{scales.name}.kn", const_value=ir.tensor(s, name=f"{scales.name}.kn"))
+        new_codes = _initializer(f"{codes.name}.kn", kn)
+        new_scales = _initializer(f"{scales.name}.kn", np.ascontiguousarray(scales.const_value.numpy().T))
         for v in (new_codes, new_scales):
             if v.name not in graph.initializers:
                 graph.register_initializer(v)

@@ -99,7 +99,9 @@ def export_llm(
             opts = _quantized_opset(opts)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
-        transforms = [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
+        transforms = (
+            [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
+        )
         if scheme is not None:
             from .quantize import quantization_transform
 

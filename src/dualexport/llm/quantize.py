@@ -51,10 +51,13 @@ __all__ = [
     "quantize_linears",
     "quantization_transform",
     "quantized_weights",
+    "FLOAT_LINEARS_KEY",
 ]
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
+#: ``graph_module.meta`` key: the linears' weights the scheme left in float32, and why
+FLOAT_LINEARS_KEY = "dualexport_float_linears"
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,9 @@ def _fake_mode(program: ExportedProgram) -> Any:
     return torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
 
 
-def _call(graph: torch.fx.Graph, mode: Any, op: Any, args: tuple[Any, ...], like: torch.fx.Node) -> torch.fx.Node:
+def _call(
+    graph: torch.fx.Graph, mode: Any, op: Any, args: tuple[Any, ...], like: torch.fx.Node
+) -> torch.fx.Node:
     node = graph.call_function(op, args)
     node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")})
     vals = tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args)
@@ -180,7 +185,9 @@ def quantized_weights(program: ExportedProgram) -> dict[str, dict[str, str]]:
         if node.op != "call_function" or node.target is not torch.ops.torchao.dequantize_affine.default:
             continue
         args = node.args
-        if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in (args[0], args[2], args[3])):
+        if not all(
+            isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in (args[0], args[2], args[3])
+        ):
             continue
         codes = names[args[0].name]
         out[codes] = {"codes": codes, "scales": names[args[2].name], "zero_points": names[args[3].name]}
@@ -231,11 +238,16 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
     weights: dict[str, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = {}
     ops = torch.ops.torchao
     changed = 0
+    kept: dict[str, str] = {}
 
     def add_buffer(name: str, tensor: torch.Tensor) -> torch.fx.Node:
         from torch.export.graph_signature import InputSpec, TensorArgument
 
-        ctx = graph.inserting_before(first_user) if first_user is not None else graph.inserting_after(placeholders[-1])
+        ctx = (
+            graph.inserting_before(first_user)
+            if first_user is not None
+            else graph.inserting_after(placeholders[-1])
+        )
         with ctx:
             ph = graph.placeholder(f"b_{name.replace('.', '_')}")
         ph.meta["val"] = mode.from_tensor(tensor, static_shapes=True)
@@ -254,7 +266,17 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
         name = params[w.name]
         tensor = program.state_dict.get(name)
         xv = _val(x)
-        if not isinstance(tensor, torch.Tensor) or not scheme.accepts(tensor) or not isinstance(xv, torch.Tensor):
+        if (
+            not isinstance(tensor, torch.Tensor)
+            or not scheme.accepts(tensor)
+            or not isinstance(xv, torch.Tensor)
+        ):
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
+            kept.setdefault(
+                name,
+                f"{shape}: {scheme.name} needs 2-D float32 weights"
+                + (f" with in_features a multiple of {scheme.group_size}" if scheme.group_size else ""),
+            )
             continue
         if name not in weights:
             q = quantize_weight(tensor, scheme)
@@ -298,6 +320,9 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
         len(weights),
         len(dropped),
     )
+    for name, why in kept.items():
+        logger.warning("%s stays float32: %s", name, why)
+    program.graph_module.meta[FLOAT_LINEARS_KEY] = dict(kept)
     return program
 
 
