@@ -63,6 +63,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
             )
             assert res.ok, dict(res.errors)
             report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+            sizes = {t: pathlib.Path(a.path).stat().st_size for t, a in res.artifacts.items()}
+            print(
+                f"{case}: {sizes}\n{report.to_markdown()}\n{res.artifacts['xnnpack'].delegation.to_markdown()}"
+            )
             done[case] = Quantized(case, arch, scheme, res, report)
         return done[case]
 
@@ -194,13 +198,24 @@ def test_pte_runs_the_quantized_linears_in_one_xnnpack_delegate(quantized: Quant
     assert d.delegated_share >= 0.90, d.to_markdown()
 
 
-def test_quantized_files_are_smaller(quantized: Quantized) -> None:
-    """The .pte keeps packed codes (int4: half a byte per weight), not float weights."""
-    pte = pathlib.Path(quantized.res.artifacts["xnnpack"].path).stat().st_size
-    floats = sum(
-        t.numel() * 4 for n, t in quantized.res.program.exported_program.state_dict.items() if "codes" in n
+def test_files_store_half_a_byte_per_int4_weight(quantized: Quantized) -> None:
+    """Each file keeps the codes at their width (int4: two per byte, int8: one), read from the
+    files on disk at the place the manifest records: no float copy of a quantized weight."""
+    from dualexport.weights.readers import read_onnx, read_pte
+
+    art = quantized.res.artifacts
+    onnx_store, pte_store = (
+        read_onnx(pathlib.Path(art["onnx"].path)),
+        read_pte(pathlib.Path(art["xnnpack"].path)),
     )
-    assert pte < floats * (0.5 if quantized.scheme == "int4" else 0.75), (pte, floats)
+    per_byte = 2 if quantized.scheme == "int4" else 1
+    for names in quantized_weights(quantized.res.program.exported_program).values():
+        entry = quantized.res.manifest.entry(names["codes"])
+        numel = entry.nbytes  # int8 storage in the holder: one byte per weight
+        (onnx_copy,) = entry.copies["onnx"]
+        assert onnx_store.nbytes[onnx_copy.ref.split("@")[0]] == numel // per_byte
+        (pte_copy,) = entry.copies["xnnpack"]
+        assert pte_store.named_sizes[pte_copy.ref] == numel // per_byte
 
 
 # ------------------------------------------------------------------------------ generation
@@ -216,7 +231,13 @@ def test_generate_matches_the_quantized_program(quantized: Quantized) -> None:
         assert set(p.teacher_forced) == {"onnx", "xnnpack"}
         for rt, m in p.teacher_forced.items():
             assert m.unexplained_flips == 0 and m.max_abs <= QUANTIZED_TOLERANCE.max_abs, (rt, m)
+    from dualexport.llm.export import QUANTIZE_KEY
+
     art = quantized.res.artifacts
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(art["onnx"].path), load_external_data=False).metadata_props}
+    assert meta[QUANTIZE_KEY].startswith(quantized.scheme + ":")
     prompt = prompts()[0]
     out = {t: dx.generate(art[t].path, prompt, max_new_tokens=NEW, return_logits=True) for t in art}
     eager = report.prompts[0].tokens["eager"]
@@ -251,8 +272,20 @@ def test_bad_quantize_values_are_refused(tmp_path: pathlib.Path) -> None:
         dx.export_llm(
             model, max_seq_len=T, out_dir=tmp_path, quantize="int4", options=dx.ExportOptions(onnx_opset=18)
         )
+    with pytest.raises(InputError, match="optimize=False"):
+        dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, quantize="int8", optimize=False)
     assert not any(tmp_path.iterdir())
     assert set(SCHEMES) == {"int4", "int8"}
+
+
+def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualexport.cli import build_parser
+
+    ns = build_parser().parse_args(["export-llm", "cfg.json", "--max-seq-len", "16", "--quantize", "int4"])
+    assert ns.quantize == "int4"
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["export-llm", "cfg.json", "--max-seq-len", "16", "--quantize", "int2"])
+    assert info.value.code == 2 and "int2" in capsys.readouterr().err
 
 
 def test_session_config_key_is_shared_by_exporter_and_runner() -> None:

@@ -20,12 +20,14 @@ from torch import nn
 from ..errors import InputError
 from ..exporters import ExportOptions
 
-__all__ = ["export_llm", "MIN_SEQ_LEN"]
+__all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
 
 logger = logging.getLogger(__name__)
 
 #: The shortest window worth a program: a prefill of at least 2 tokens plus decode room.
 MIN_SEQ_LEN = 4
+#: File metadata key: the weight quantization of a quantized decoder (its description).
+QUANTIZE_KEY = "dualexport.llm_quantize"
 
 
 def _check_max_seq_len(model: nn.Module, max_seq_len: Any) -> int:
@@ -68,6 +70,12 @@ def export_llm(
 
     ``optimize=False`` exports the plain design: the model's own attention, the cache written with
     ``index_copy``, no dualexport pass (what the libraries lower by themselves, for comparison).
+
+    ``quantize="int4"`` (symmetric, group 32) or ``"int8"`` (per channel) rewrites every linear
+    of the one program into 8-bit dynamic activations and quantized weights (``llm/quantize.py``):
+    one set of codes and scales, proven in both files; linears whose in_features the group does
+    not divide stay float32 (logged). Parity of a quantized result is against the quantized
+    program (``generation_parity``).
     """
     from .. import api
     from ..shared_state import ProgramTransform
@@ -87,6 +95,12 @@ def export_llm(
             hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
         )
     scheme = _scheme(quantize)
+    if scheme is not None and not optimize:
+        raise InputError(
+            f"quantize={quantize!r} with optimize=False: the plain export runs no dualexport pass, "
+            "and the weight quantization is one",
+            hint="drop optimize=False to quantize, or quantize=None for the plain comparison",
+        )
     max_seq_len = _check_max_seq_len(model, max_seq_len)
     was_training = model.training
     model.eval()
@@ -94,7 +108,10 @@ def export_llm(
         layout = probe_layout(model, max_seq_len, label or type(model).__name__)
         wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
-        opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
+        extra: tuple[tuple[str, str], ...] = ((LAYOUT_KEY, layout.to_json()),)
+        if scheme is not None:
+            extra += ((QUANTIZE_KEY, scheme.describe()),)
+        opts = _with_metadata(options or ExportOptions(), extra)
         if scheme is not None:
             opts = _quantized_opset(opts)
         logger.info("decoder layout: %s", layout)
