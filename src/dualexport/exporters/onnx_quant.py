@@ -67,7 +67,9 @@ def _dequantize_affine(
 ) -> Any:
     """``torchao.dequantize_affine``: ``(input - zero_point) * scale`` per block."""
     from onnxscript import ir
-    from onnxscript.onnx_opset import opset21 as op
+    from onnxscript.onnx_opset import opset21
+
+    op: Any = opset21  # values are traced torch.onnx values: the opset's static types do not apply
 
     rank = len(block_size)
     shape = input.shape
@@ -152,7 +154,12 @@ def _initializer(name: str, array: Any) -> Any:
     import onnx_ir as ir
 
     tensor = ir.tensor(array, name=name)
-    return ir.Value(name=name, const_value=tensor, type=ir.TensorType(tensor.dtype), shape=tensor.shape)
+    return ir.Value(
+        name=name,
+        const_value=tensor,
+        type=ir.TensorType(tensor.dtype),
+        shape=ir.Shape([int(d) for d in array.shape]),
+    )
 
 
 def weights_for_matmulnbits(model: Any) -> Int4Result:
