@@ -61,11 +61,13 @@ class StepTolerance:
 
 
 #: Quantized files against the quantized program run eagerly. Both compute the same int8/int4
-#: graph, but each runtime picks its own activation scales within float rounding (XNNPACK's qd8
-#: kernels, ONNX Runtime's decomposition), so a code can land one step away: logits move by a few
-#: hundredths on the tiny test models; ``margin_bound`` is twice ``max_abs``.
+#: graph, but each runtime computes its activation scales in its own float order (XNNPACK's qd8
+#: kernels, ONNX Runtime's decomposition), so an activation code can land one step away. Measured
+#: on the test decoders (logits of magnitude ~0.5): 1.2e-7 to 1.8e-7 for both files; ONNX
+#: Runtime's default MatMulNBits accuracy level (4, activations requantized in the kernel) is off
+#: by 7e-3 and fails this bound, which is the point. ``margin_bound`` is twice ``max_abs``.
 QUANTIZED_TOLERANCE = StepTolerance(
-    max_abs=0.05, min_cosine=0.999, min_top1=0.0, min_top5=0.8, max_kl=1e-2, margin_bound=0.1
+    max_abs=5e-3, min_cosine=0.9999, min_top1=0.0, min_top5=0.9, max_kl=1e-4, margin_bound=1e-2
 )
 
 
