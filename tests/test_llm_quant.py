@@ -341,3 +341,27 @@ def test_a_token_difference_counts_only_above_the_margin_bound() -> None:
     assert not parity(bound / 2).counted("onnx", QUANTIZED_TOLERANCE)
     assert parity(bound * 2).counted("onnx", QUANTIZED_TOLERANCE)
     assert parity(bound / 2).counted("onnx", StepTolerance())
+
+
+def test_encodings_are_the_libraries_own_packing() -> None:
+    """The manifest's encodings reproduce what the libraries write: ONNX INT4 (onnx_ir with
+    ml_dtypes.int4, two per byte), XNNPACK's ``convert_to_qc4w`` and its bfloat16 scales."""
+    import ml_dtypes
+    import numpy as np
+    import onnx_ir as ir
+    from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor
+
+    from dualexport.weights.locate import encoded_bytes
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(-8, 8, (6, 64), generator=g, dtype=torch.int8)
+    onnx_int4 = ir.tensor(np.ascontiguousarray(codes.numpy().T).astype(ml_dtypes.int4)).tobytes()
+    assert encoded_bytes(codes, (1, 0), "int4_packed") == onnx_int4
+    qc4w = NodeVisitor.convert_to_qc4w(codes.clone())
+    assert encoded_bytes(codes, (), "uint4_packed_offset8") == qc4w.contiguous().numpy().tobytes()
+    scales = torch.rand(6, 2, generator=g).to(torch.bfloat16).float()
+    assert (
+        encoded_bytes(scales, (), "bfloat16") == scales.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    )
+    with pytest.raises(ValueError, match="odd"):
+        encoded_bytes(codes[:, :3], (), "uint4_packed_offset8")

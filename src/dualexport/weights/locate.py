@@ -105,8 +105,9 @@ def encoded_bytes(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: 
     if encoding == "bfloat16":
         return bytes(tensor_bytes(t.to(torch.bfloat16)))
     if encoding in ("int4_packed", "uint4_packed_offset8"):
-        if t.numel() % 2 or (t.dim() and t.shape[-1] % 2):
-            raise ValueError(f"{encoding} of an odd number of codes per row")
+        # ONNX packs the flattened tensor; XNNPACK packs each row (padding an odd row)
+        if t.numel() % 2 or (encoding == "uint4_packed_offset8" and t.dim() and t.shape[-1] % 2):
+            raise ValueError(f"{encoding} of an odd number of codes")
         offset = 8 if encoding == "uint4_packed_offset8" else 0
         nib = ((t.to(torch.int16) + offset) & 0xF).to(torch.uint8).reshape(-1)
         return bytes(tensor_bytes((nib[0::2] | (nib[1::2] << 4)).contiguous()))
@@ -128,7 +129,7 @@ def _encodings(tensor: torch.Tensor, target: str) -> list[tuple[tuple[int, ...],
         return []
     if tensor.dtype == torch.int8 and int(lo) >= -8 and int(hi) <= 7 and tensor.shape[1] % 2 == 0:
         if target == "onnx":  # MatMulNBits' B: the transposed codes (see exporters/onnx_quant.py)
-            return [((1, 0), "int4_packed"), ((), "int4_packed")] if tensor.shape[0] % 2 == 0 else []
+            return [((1, 0), "int4_packed"), ((), "int4_packed")]
         return [((), "uint4_packed_offset8")]
     if (
         target == "xnnpack"
