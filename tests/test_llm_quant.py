@@ -313,7 +313,7 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     assert list(quantized_weights(program)) == ["0.int4_codes"]
     assert "2.weight" in program.state_dict and "0.weight" not in program.state_dict
     assert set(program.graph_module.meta[FLOAT_LINEARS_KEY]) == {"2.weight"}
-    assert "2.weight stays float32" in caplog.text
+    assert "2.weight is not quantized" in caplog.text
     with torch.no_grad():
         want, got = model(x), program.module()(x)
     err = float((got - want).abs().max())
@@ -365,3 +365,21 @@ def test_encodings_are_the_libraries_own_packing() -> None:
     )
     with pytest.raises(ValueError, match="odd"):
         encoded_bytes(codes[:, :3], (), "uint4_packed_offset8")
+
+
+def test_weights_read_by_other_matmuls_are_listed_and_a_program_without_linears_refused() -> None:
+    """transformers' Conv1D (GPT-2) computes addmm, not linear: its weight stays float32 and is
+    listed; a program with no linear at all is refused rather than labelled int4."""
+    from transformers.pytorch_utils import Conv1D
+
+    from dualexport.llm.quantize import FLOAT_LINEARS_KEY, quantize_linears
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 64)
+    mixed = torch.export.export(torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32)).eval(), (x,))
+    quantize_linears(mixed, SCHEMES["int4"])
+    assert list(quantized_weights(mixed)) == ["1.int4_codes"]
+    assert "not a linear" in mixed.graph_module.meta[FLOAT_LINEARS_KEY]["0.weight"]
+    only_conv1d = torch.export.export(Conv1D(64, 64).eval(), (x,))
+    with pytest.raises(InputError, match="found no linear to quantize"):
+        quantize_linears(only_conv1d, SCHEMES["int4"])

@@ -257,7 +257,13 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
         )
         return ph
 
+    matmuls = (aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default)
     for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in matmuls:
+            for a in node.args:
+                if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in params:
+                    kept.setdefault(params[a.name], f"read by {node.target} (not a linear): stays float32")
+            continue
         if node.op != "call_function" or node.target is not aten.linear.default:
             continue
         x, w = node.args[0], node.args[1]
@@ -299,6 +305,13 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
             )
         node.args = (xq, wq, *node.args[2:])
         changed += 1
+    if not changed:
+        listed = "; ".join(f"{n} {why}" for n, why in kept.items()) or "no linear reads a parameter"
+        raise InputError(
+            f"quantize={scheme.name!r} found no linear to quantize in the program ({listed})",
+            hint="quantization rewrites aten.linear with a parameter weight (a Conv1D written as "
+            "addmm, as GPT-2's, is not one); export with quantize=None",
+        )
     dropped = []
     for ph in [n for n in graph.nodes if n.op == "placeholder" and n.name in params]:
         if not ph.users and params[ph.name] in weights:
@@ -321,7 +334,7 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
         len(dropped),
     )
     for name, why in kept.items():
-        logger.warning("%s stays float32: %s", name, why)
+        logger.warning("%s is not quantized: %s", name, why)
     program.graph_module.meta[FLOAT_LINEARS_KEY] = dict(kept)
     return program
 
