@@ -238,8 +238,8 @@ def test_refusals_before_tracing(tmp_path: pathlib.Path) -> None:
         dx.export_llm(gpt2, max_seq_len=128, out_dir=tmp_path / "a")
     with pytest.raises(InputError, match="max_seq_len"):
         dx.export_llm(gpt2, max_seq_len=2, out_dir=tmp_path / "b")
-    with pytest.raises(InputError, match="int4"):
-        dx.export_llm(gpt2, max_seq_len=16, out_dir=tmp_path / "c", quantize="int4")
+    with pytest.raises(InputError, match="int2"):
+        dx.export_llm(gpt2, max_seq_len=16, out_dir=tmp_path / "c", quantize="int2")
     with pytest.raises(InputError, match="past_key_values"):
         dx.export_llm(torch.nn.Linear(4, 4), max_seq_len=16, out_dir=tmp_path / "d")
     assert not any((tmp_path / d).exists() for d in "abcd")

@@ -38,6 +38,7 @@ from ..shared_state.contract import RANGES_METADATA, input_specs
 from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
+from .onnx_quant import MIN_OPSET, Int4Result, register_torchao, uses_torchao, weights_for_matmulnbits
 
 __all__ = ["OnnxExporter", "unsupported_nodes"]
 
@@ -162,7 +163,10 @@ class OnnxExporter:
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
         from .onnx_int8 import fuse_dynamic_linears
 
-        dec = onnx_prepare_for_export(program, self.registry(options))
+        registry = self.registry(options)
+        if uses_torchao(program):  # quantized weights: written as ONNX Runtime fuses them
+            register_torchao(registry)
+        dec = onnx_prepare_for_export(program, registry)
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
         return dec
@@ -208,6 +212,7 @@ class OnnxExporter:
             from onnxscript import version_converter
 
             version_converter.convert_version(model, target_opset(options), fallback=True)
+        quant = self._quantized_weights(model, decomposed, options)
         state = _state_initializers(model, decomposed)
         # The exported dim ranges travel with the file (ONNX cannot state them); our runner and
         # any consumer can refuse out-of-range inputs instead of computing garbage.
@@ -238,11 +243,27 @@ class OnnxExporter:
             target=self.target,
             files=tuple(files),
             ops=ops,
-            weight_notes={**pipeline.notes, **self.weight_notes(decomposed)},
+            weight_notes={**pipeline.notes, **quant.notes, **self.weight_notes(decomposed)},
             derived_copies=pipeline.derived,
             kept_tensors=kept,
             opset=model.opset_imports.get("", None),
         )
+
+    def _quantized_weights(
+        self, model: Any, decomposed: ExportedProgram, options: ExportOptions
+    ) -> Int4Result:
+        """A program with torchao-quantized weights (``export_llm(quantize=...)``): blocked
+        DequantizeLinear in the form ONNX Runtime fuses into MatMulNBits (needs opset 21)."""
+        if not uses_torchao(decomposed):
+            return Int4Result()
+        if target_opset(options) < MIN_OPSET:
+            raise OnnxLoweringError(
+                f"quantized weights need ONNX opset {MIN_OPSET} (INT4, blocked DequantizeLinear); "
+                f"the export asks for {target_opset(options)}",
+                target=self.target,
+                hint=f"export with ExportOptions(onnx_opset={MIN_OPSET})",
+            )
+        return weights_for_matmulnbits(model)
 
     def _save(
         self, model: Any, staging: pathlib.Path, name: str, options: ExportOptions

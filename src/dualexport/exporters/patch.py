@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..shared_state.tensor_bytes import tensor_bytes
+from ..weights.locate import encoded_bytes
 from ..weights.manifest import WeightEntry, WeightLocation
 
 __all__ = ["Change", "PatchPlan", "plan_patch", "patch_files"]
@@ -110,9 +111,10 @@ def _change(e: WeightEntry, c: WeightLocation, tensor: torch.Tensor, digest: str
     assert c.where is not None
     if c.status == "transformed":
         # Stored as a permutation of the weight (a MatMul's transposed weight in ONNX, NHWC in
-        # XNNPACK): the new value, permuted the same way, replaces the stored bytes.
+        # XNNPACK), perhaps encoded (packed int4 codes, bfloat16 scales): the new value, permuted
+        # and encoded the same way, replaces the stored bytes.
         assert c.permutation is not None and c.stored_sha256 is not None
-        data = bytes(tensor_bytes(tensor.detach().permute(*c.permutation).contiguous()))
+        data = encoded_bytes(tensor, c.permutation, c.encoding)
         return Change(e.name, c.where, c.stored_sha256, hashlib.sha256(data).hexdigest(), data)
     return Change(e.name, c.where, e.sha256, digest, bytes(tensor_bytes(tensor)))
 

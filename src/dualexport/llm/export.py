@@ -20,12 +20,14 @@ from torch import nn
 from ..errors import InputError
 from ..exporters import ExportOptions
 
-__all__ = ["export_llm", "MIN_SEQ_LEN"]
+__all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
 
 logger = logging.getLogger(__name__)
 
 #: The shortest window worth a program: a prefill of at least 2 tokens plus decode room.
 MIN_SEQ_LEN = 4
+#: File metadata key: the weight quantization of a quantized decoder (its description).
+QUANTIZE_KEY = "dualexport.llm_quantize"
 
 
 def _check_max_seq_len(model: nn.Module, max_seq_len: Any) -> int:
@@ -68,6 +70,12 @@ def export_llm(
 
     ``optimize=False`` exports the plain design: the model's own attention, the cache written with
     ``index_copy``, no dualexport pass (what the libraries lower by themselves, for comparison).
+
+    ``quantize="int4"`` (symmetric, group 32) or ``"int8"`` (per channel) rewrites every linear
+    of the one program into 8-bit dynamic activations and quantized weights (``llm/quantize.py``):
+    one set of codes and scales, proven in both files; linears whose in_features the group does
+    not divide stay float32 (logged). Parity of a quantized result is against the quantized
+    program (``generation_parity``).
     """
     from .. import api
     from ..shared_state import ProgramTransform
@@ -86,11 +94,12 @@ def export_llm(
             f"model must be a torch.nn.Module or a reference to one, got {type(model).__name__}",
             hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
         )
-    if quantize is not None:
+    scheme = _scheme(quantize)
+    if scheme is not None and not optimize:
         raise InputError(
-            f"quantize={quantize!r} is not available for decoders yet: the int4/int8 path that shares "
-            "one set of codes between both files is issue 19's next step",
-            hint="export with quantize=None (fp32)",
+            f"quantize={quantize!r} with optimize=False: the plain export runs no dualexport pass, "
+            "and the weight quantization is one",
+            hint="drop optimize=False to quantize, or quantize=None for the plain comparison",
         )
     max_seq_len = _check_max_seq_len(model, max_seq_len)
     was_training = model.training
@@ -99,9 +108,21 @@ def export_llm(
         layout = probe_layout(model, max_seq_len, label or type(model).__name__)
         wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
-        opts = _with_metadata(options or ExportOptions(), ((LAYOUT_KEY, layout.to_json()),))
+        extra: tuple[tuple[str, str], ...] = ((LAYOUT_KEY, layout.to_json()),)
+        if scheme is not None:
+            extra += ((QUANTIZE_KEY, scheme.describe()),)
+        opts = _with_metadata(options or ExportOptions(), extra)
+        if scheme is not None:
+            opts = _quantized_opset(opts)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
+        transforms = (
+            [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
+        )
+        if scheme is not None:
+            from .quantize import quantization_transform
+
+            transforms.append(ProgramTransform(quantization_transform(scheme), f"llm:{scheme.describe()}"))
         with torch.no_grad(), attention:
             return api.export(
                 wrapper,
@@ -110,15 +131,42 @@ def export_llm(
                 out_dir=out_dir,
                 name=name,
                 dynamic_shapes=dynamic_shapes(layout),
-                transforms=[ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS]
-                if optimize
-                else [],
+                transforms=transforms,
                 strict=strict,
                 optimize=optimize,
                 options=opts,
             )
     finally:
         model.train(was_training)
+
+
+def _scheme(quantize: Any) -> Any:
+    if quantize is None:
+        return None
+    from .quantize import SCHEMES
+
+    if quantize not in SCHEMES:
+        raise InputError(
+            f"quantize={quantize!r} is not a decoder quantization",
+            hint=f"pass quantize=None, {' or '.join(repr(s) for s in SCHEMES)}",
+        )
+    return SCHEMES[quantize]
+
+
+def _quantized_opset(options: ExportOptions) -> ExportOptions:
+    """Quantized weights are INT4 / blocked DequantizeLinear in the .onnx: opset 21 or later."""
+    import dataclasses
+
+    from ..exporters.onnx_quant import MIN_OPSET
+
+    if options.onnx_opset is None:
+        return dataclasses.replace(options, onnx_opset=MIN_OPSET)
+    if options.onnx_opset < MIN_OPSET:
+        raise InputError(
+            f"quantized decoders need ONNX opset {MIN_OPSET} or later, the options ask for {options.onnx_opset}",
+            hint=f"leave onnx_opset unset or pass onnx_opset={MIN_OPSET}",
+        )
+    return options
 
 
 def _with_metadata(options: ExportOptions, extra: tuple[tuple[str, str], ...]) -> ExportOptions:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import RuntimeExecutionError, RuntimeLoadError
 from ..shared_state.contract import RANGES_METADATA, check_against_specs
+
+#: ONNX metadata key: session config entries (a JSON object) the file was proven with
+#: (written by ``exporters/onnx_quant.py``; the same string, runtimes do not import exporters).
+SESSION_CONFIG_KEY = "dualexport.ort_session_config"
 
 __all__ = ["OrtRunner"]
 
@@ -33,17 +38,18 @@ class OrtRunner:
         opts.log_severity_level = 3
         if intra_op_threads:
             opts.intra_op_num_threads = intra_op_threads
-        try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise RuntimeLoadError(
-                f"ONNX Runtime could not load {path.name}: {exc}",
-                target="onnx",
-                hint="check that the .onnx and its .onnx.data sit in the same folder and are complete",
-            ) from exc
         import json
 
+        self.session = self._load(ort, path, opts)
         meta = self.session.get_modelmeta().custom_metadata_map
+        config = json.loads(meta.get(SESSION_CONFIG_KEY, "{}"))
+        if config:
+            # Session entries the file was proven with (a quantized file's MatMulNBits accuracy
+            # level): known only once the file is read, so the session is made again with them.
+            for key, value in config.items():
+                opts.add_session_config_entry(str(key), str(value))
+            self.session = self._load(ort, path, opts)
+        self.session_config: dict[str, str] = {str(k): str(v) for k, v in config.items()}
         # Explicit state (mutated buffers), written by the exporter: fed back between calls.
         self.state_spec = json.loads(meta.get("dualexport.state", "[]"))
         self.state: dict[str, np.ndarray] = {}
@@ -54,6 +60,17 @@ class OrtRunner:
         self.output_names = [o.name for o in self.session.get_outputs()]
         ranges = meta.get(RANGES_METADATA)
         self.input_specs = json.loads(ranges) if ranges else None
+
+    @staticmethod
+    def _load(ort: Any, path: pathlib.Path, opts: Any) -> Any:
+        try:
+            return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise RuntimeLoadError(
+                f"ONNX Runtime could not load {path.name}: {exc}",
+                target="onnx",
+                hint="check that the .onnx and its .onnx.data sit in the same folder and are complete",
+            ) from exc
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != len(self.input_names):

@@ -29,6 +29,9 @@ __all__ = [
     "locate_onnx",
     "locate_pte",
     "permuted_sha256",
+    "encoded_bytes",
+    "encoded_sha256",
+    "ENCODINGS",
     "PARITY_CHECK",
 ]
 
@@ -83,6 +86,60 @@ def permuted_sha256(tensor: torch.Tensor, perm: tuple[int, ...]) -> str:
     return hashlib.sha256(tensor_bytes(tensor.permute(*perm).contiguous())).hexdigest()
 
 
+#: How a file may write a quantized weight's values (the holder keeps int4 codes in int8 and
+#: group scales as float32 values of bfloat16):
+#: ``int4_packed``: ONNX INT4, two's complement nibbles, two per byte, low nibble first;
+#: ``uint4_packed_offset8``: XNNPACK's qc4w/qb4w, code + 8 as a nibble, low nibble first
+#: (``node_visitor.convert_to_qc4w``); ``bfloat16``: XNNPACK's group scales.
+ENCODINGS = ("int4_packed", "uint4_packed_offset8", "bfloat16")
+
+
+def encoded_bytes(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: str | None) -> bytes:
+    """The bytes a file stores for ``tensor`` permuted by ``perm`` and written in ``encoding``."""
+    t = tensor.detach()
+    if perm:
+        t = t.permute(*perm)
+    t = t.contiguous()
+    if encoding is None:
+        return bytes(tensor_bytes(t))
+    if encoding == "bfloat16":
+        return bytes(tensor_bytes(t.to(torch.bfloat16)))
+    if encoding in ("int4_packed", "uint4_packed_offset8"):
+        # ONNX packs the flattened tensor; XNNPACK packs each row (padding an odd row)
+        if t.numel() % 2 or (encoding == "uint4_packed_offset8" and t.dim() and t.shape[-1] % 2):
+            raise ValueError(f"{encoding} of an odd number of codes")
+        offset = 8 if encoding == "uint4_packed_offset8" else 0
+        nib = ((t.to(torch.int16) + offset) & 0xF).to(torch.uint8).reshape(-1)
+        return bytes(tensor_bytes((nib[0::2] | (nib[1::2] << 4)).contiguous()))
+    raise ValueError(f"unknown encoding {encoding!r}")
+
+
+def encoded_sha256(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: str | None) -> str:
+    return hashlib.sha256(encoded_bytes(tensor, perm, encoding)).hexdigest()
+
+
+def _encodings(tensor: torch.Tensor, target: str) -> list[tuple[tuple[int, ...], str]]:
+    """The (permutation, encoding) pairs ``target`` is known to write a quantized weight's
+    tensor in: int4 codes (int8 storage, values in [-8, 7], even rows), bfloat16-valued scales.
+    A constant tensor (all one value) matches anything of its size and is never tried."""
+    if tensor.dim() != 2 or tensor.numel() < 2:
+        return []
+    lo, hi = tensor.min(), tensor.max()
+    if bool(lo == hi):
+        return []
+    if tensor.dtype == torch.int8 and int(lo) >= -8 and int(hi) <= 7 and tensor.shape[1] % 2 == 0:
+        if target == "onnx":  # MatMulNBits' B: the transposed codes (see exporters/onnx_quant.py)
+            return [((1, 0), "int4_packed"), ((), "int4_packed")]
+        return [((), "uint4_packed_offset8")]
+    if (
+        target == "xnnpack"
+        and tensor.dtype == torch.float32
+        and bool((tensor.to(torch.bfloat16).float() == tensor).all())
+    ):
+        return [((), "bfloat16")]
+    return []
+
+
 #: The layouts the targets are known to store (XNNPACK: NHWC convolutions, its transposed
 #: convolutions; ONNX: a MatMul's transposed weight); others are tried only for a weight found
 #: nowhere else.
@@ -114,14 +171,18 @@ def _note(entry: WeightEntry, notes: Mapping[str, str]) -> str | None:
     return next((notes[n] for n in entry.names if n in notes), None)
 
 
-def _transformed(where: str, sha: str, perm: tuple[int, ...], reason: str) -> WeightLocation:
+def _transformed(
+    where: str, sha: str, perm: tuple[int, ...], reason: str, encoding: str | None = None
+) -> WeightLocation:
+    how = f"permute{perm}" + (f" and {encoding} encoding" if encoding else "")
     return WeightLocation(
         status="transformed",
         where=where,
         stored_sha256=sha,
         permutation=perm,
         reason=reason,
-        checked=f"sha256 of the state_dict tensor after permute{perm} equals the stored bytes",
+        checked=f"sha256 of the state_dict tensor after {how} equals the stored bytes",
+        encoding=encoding,
     )
 
 
@@ -190,6 +251,28 @@ def locate_onnx(
                     f"the ONNX pipeline folded it into a permute{perm} copy (a MatMul's weight)",
                 )
             )
+    orphan_sha: dict[str, list[str]] = {}
+    for init in store.sha256:
+        if init not in claimed and init not in named:
+            orphan_sha.setdefault(store.sha256[init], []).append(init)
+    for e in entries:
+        tensor = tensors.get(e.name)
+        if tensor is None or copies[e.name]:
+            continue
+        for perm, enc in _encodings(tensor, "onnx"):
+            sha = encoded_sha256(tensor, perm, enc)
+            for init in orphan_sha.get(sha, ()):
+                claimed.add(init)
+                copies[e.name].append(
+                    _transformed(
+                        _onnx_place(store, init),
+                        sha,
+                        perm,
+                        f"quantized codes written as ONNX INT4 (two per byte) after permute{perm}: "
+                        "MatMulNBits' weight layout",
+                        enc,
+                    )
+                )
     by_name = {n: e for e in entries for n in e.names}
     for init, sources in (derived or {}).items():
         if init in claimed or init not in store.sha256:
@@ -285,6 +368,23 @@ def locate_pte(
                 layout = "NHWC (channels last)" if perm == (0, 2, 3, 1) else f"permute{perm}"
                 copies[e.name].append(
                     _transformed(f"named_data:{sha}", sha, perm, f"XNNPACK stores it in {layout} layout")
+                )
+    for e in entries:
+        tensor = tensors.get(e.name)
+        if tensor is None or copies[e.name]:
+            continue
+        for perm, enc in _encodings(tensor, "xnnpack"):
+            sha = encoded_sha256(tensor, perm, enc)
+            key = store.named_key(sha)
+            if key is not None:
+                copies[e.name].append(
+                    _transformed(
+                        f"named_data:{key}",
+                        sha,
+                        perm,
+                        "XNNPACK writes 4-bit codes two per byte (code + 8) and group scales as bfloat16",
+                        enc,
+                    )
                 )
     for e in entries:
         tensor = tensors.get(e.name)

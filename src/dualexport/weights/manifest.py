@@ -12,8 +12,9 @@ Statuses, per stored copy (``WeightEntry.copies[target]``, a tuple):
   their sha256, a .pte constant buffer bound to a tensor of the weight's size, or bytes in the
   XNNPACK payload at a recorded offset).
 - ``transformed``: stored in another layout (XNNPACK keeps conv weights NHWC; the ONNX pipeline
-  keeps a MatMul's weight transposed): the stored bytes equal the holder's tensor after the
-  recorded permutation, bit for bit.
+  keeps a MatMul's weight transposed) or encoding (int4 codes packed two per byte, bfloat16
+  group scales): the stored bytes equal the holder's tensor after the recorded permutation and
+  encoding, bit for bit.
 - ``derived``: the file stores a value computed from the weight that cannot be related to it
   bit for bit (a constant folded from it, a convolution fused with BatchNorm); ``reason`` says
   how, ``checked`` what is verified instead. A weights-only patch is impossible for it.
@@ -62,6 +63,9 @@ class WeightLocation:
     checked: str | None = None
     stored_sha256: str | None = None
     permutation: tuple[int, ...] | None = None
+    #: how a ``transformed`` copy's values are written after the permutation (None: as the
+    #: holder's dtype); one of :data:`~dualexport.weights.locate.ENCODINGS`
+    encoding: str | None = None
 
     @property
     def kind(self) -> str:
@@ -208,4 +212,5 @@ def _location_from(data: Mapping[str, Any]) -> WeightLocation:
         checked=data.get("checked"),
         stored_sha256=data.get("stored_sha256"),
         permutation=tuple(perm) if perm is not None else None,
+        encoding=data.get("encoding"),
     )

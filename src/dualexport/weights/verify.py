@@ -13,7 +13,7 @@ import torch
 
 from ..errors import WeightMismatchError
 from ..shared_state.tensor_bytes import tensor_sha256
-from .locate import permuted_sha256
+from .locate import encoded_sha256
 from .manifest import FAILING_STATUSES, WeightEntry, WeightLocation, WeightManifest
 from .readers import SCALE_KEY_PREFIX, read_onnx, read_pte
 
@@ -94,7 +94,9 @@ def verify_manifest(
                     continue
                 ok = _copy_ok(target, stores[target], e, loc)
                 if ok and loc.status == "transformed" and holder is not None and e.name in holder:
-                    ok = permuted_sha256(holder[e.name], tuple(loc.permutation or ())) == _expected(e, loc)
+                    ok = encoded_sha256(
+                        holder[e.name], tuple(loc.permutation or ()), loc.encoding
+                    ) == _expected(e, loc)
                 if not ok:
                     bad = True
                     problems.append(

@@ -1,0 +1,353 @@
+"""Weight quantization of a decoder's shared program: one set of codes and scales for both files.
+
+``quantize_linears(program, scheme)`` rewrites every ``linear`` whose weight is a parameter into
+torchao's dynamically quantized form (what ExecuTorch's XNNPACK partitioner lowers to its
+``qd8-f32-qb4w`` / ``qc8w`` kernels, and what ``exporters/onnx_quant.py`` writes as
+``DequantizeLinear`` that ONNX Runtime fuses into ``MatMulNBits``)::
+
+    scale_x, zp_x = torchao.choose_qparams_affine(x, "ASYMMETRIC", [1, .., K], int8)   # per token
+    x_dq = torchao.dequantize_affine(torchao.quantize_affine(x, ...), ...)
+    w_dq = torchao.dequantize_affine(codes, [1, G], scales, zero_points, int8, qmin, qmax)
+    y = linear(x_dq, w_dq, bias)
+
+The codes (int8 storage, ``[-8, 7]`` for int4), scales and zero points are new buffers of the
+shared program (the state_dict the weight proof reads); the float weight leaves the program unless
+another op still reads it (a tied embedding). Both targets compute exactly this graph: the .pte
+with XNNPACK's dynamic-quantization kernels, the .onnx with the same activation quantization
+written out and ``MatMulNBits`` at accuracy level 0 (fp32 arithmetic on the dequantized values).
+
+Why the scales are bfloat16 values: XNNPACK stores group scales as bfloat16
+(``node_visitor.get_quant_params``), so fp32 scales silently become other scales in the .pte
+(measured: 48 dB against eager instead of 135 dB). Scales chosen in bfloat16 are stored exactly
+by both files, and the manifest can prove the .pte's copy bit for bit.
+
+Why a rewrite of the traced program and not torchao's ``quantize_`` on the model: the model is
+traced once (invariant 1), the user's module is not touched, and the result is an ordinary
+program transform, recorded like any other.
+
+The interface a unified quantizer needs is :class:`WeightScheme` (what a scheme is) and
+:func:`quantize_weight` (one tensor -> codes, scales, zero points); the graph rewrite is specific
+to ``linear`` with dynamic activations.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind
+
+from ..compat.torch import detect_fake_mode, set_graph_signature
+from ..errors import InputError
+
+__all__ = [
+    "WeightScheme",
+    "SCHEMES",
+    "QuantizedWeight",
+    "quantize_weight",
+    "quantize_linears",
+    "quantization_transform",
+    "quantized_weights",
+    "FLOAT_LINEARS_KEY",
+]
+
+logger = logging.getLogger(__name__)
+aten = torch.ops.aten
+#: ``graph_module.meta`` key: the linears' weights the scheme left in float32, and why
+FLOAT_LINEARS_KEY = "dualexport_float_linears"
+
+
+@dataclass(frozen=True)
+class WeightScheme:
+    """A weight quantization: ``bits`` per code (stored in int8), symmetric, one scale per
+    ``group_size`` inputs of an output channel (None: one per output channel), scales rounded to
+    ``scale_dtype`` values; activations quantized dynamically per token to int8 (asymmetric)."""
+
+    name: str
+    bits: int
+    group_size: int | None
+    scale_dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    def block(self, in_features: int) -> list[int]:
+        return [1, self.group_size or in_features]
+
+    def accepts(self, weight: torch.Tensor) -> bool:
+        return (
+            weight.dim() == 2
+            and weight.dtype == torch.float32
+            and (self.group_size is None or weight.shape[1] % self.group_size == 0)
+        )
+
+    def describe(self) -> str:
+        groups = f"group {self.group_size}" if self.group_size else "per channel"
+        return f"{self.name}: symmetric {self.bits}-bit weights ({groups}, bf16 scales), dynamic int8 activations"
+
+
+#: ``quantize=`` values of ``export_llm``.
+SCHEMES: dict[str, WeightScheme] = {
+    "int4": WeightScheme("int4", 4, 32),
+    "int8": WeightScheme("int8", 8, None),
+}
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """``codes`` int8 ``[N, K]``, ``scales`` float32 ``[N, K / group]`` (values of
+    ``scheme.scale_dtype``), ``zero_points`` int8 zeros of the scales' shape (symmetric; the
+    form torchao and XNNPACK's partitioner expect)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zero_points: torch.Tensor
+
+    def dequantize(self, group: int) -> torch.Tensor:
+        n, k = self.codes.shape
+        blocks = self.codes.float().view(n, -1, group) - self.zero_points.float().unsqueeze(-1)
+        return (blocks * self.scales.unsqueeze(-1)).view(n, k)
+
+
+def quantize_weight(weight: torch.Tensor, scheme: WeightScheme) -> QuantizedWeight:
+    """torchao's symmetric affine quantization of ``weight`` ``[N, K]``, with the scales rounded
+    to ``scheme.scale_dtype`` before the codes are computed (the codes are the nearest levels of
+    the scales the files store)."""
+    from torchao.quantization.quant_primitives import (
+        MappingType,
+        choose_qparams_affine,
+        quantize_affine,
+    )
+
+    w = weight.detach().float()
+    block = scheme.block(w.shape[1])
+    scale, zp = choose_qparams_affine(
+        w,
+        MappingType.SYMMETRIC,
+        block,
+        torch.int8,
+        scheme.qmin,
+        scheme.qmax,
+        scale_dtype=torch.float32,
+        zero_point_dtype=torch.int8,
+    )
+    scale = scale.to(scheme.scale_dtype).float().view(w.shape[0], -1).contiguous()
+    zp = torch.zeros_like(scale, dtype=torch.int8)
+    codes = quantize_affine(w, block, scale, zp, torch.int8, scheme.qmin, scheme.qmax)
+    return QuantizedWeight(codes.contiguous(), scale, zp)
+
+
+# ------------------------------------------------------------------------------ the rewrite
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _fake_mode(program: ExportedProgram) -> Any:
+    vals = [_val(n) for n in program.graph.nodes if n.op == "placeholder"]
+    return detect_fake_mode(v for v in vals if isinstance(v, torch.Tensor))
+
+
+def _call(
+    graph: torch.fx.Graph, mode: Any, op: Any, args: tuple[Any, ...], like: torch.fx.Node
+) -> torch.fx.Node:
+    node = graph.call_function(op, args)
+    node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")})
+    vals = tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args)
+    with mode:
+        node.meta["val"] = op(*vals)
+    return node
+
+
+def _buffer_name(program: ExportedProgram, base: str) -> str:
+    taken = set(program.state_dict) | set(program.constants)
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def quantized_weights(program: ExportedProgram) -> dict[str, dict[str, str]]:
+    """``weight name -> {"codes": .., "scales": .., "zero_points": ..}`` of a program this module
+    quantized (read from the graph: the buffers each weight ``dequantize_affine`` reads)."""
+    sig = program.graph_signature
+    names = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    out: dict[str, dict[str, str]] = {}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.torchao.dequantize_affine.default:
+            continue
+        args = node.args
+        if not all(
+            isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in (args[0], args[2], args[3])
+        ):
+            continue
+        codes = names[args[0].name]
+        out[codes] = {"codes": codes, "scales": names[args[2].name], "zero_points": names[args[3].name]}
+    return out
+
+
+def _activation(
+    graph: torch.fx.Graph, mode: Any, x: torch.fx.Node, block: list[int], like: torch.fx.Node
+) -> torch.fx.Node:
+    """torchao's dynamic per-token int8 quantization of ``x`` (asymmetric), as torchao's
+    ``Int8DynamicActivationIntxWeightConfig`` traces it: what XNNPACK's partitioner matches."""
+    import operator
+
+    ops = torch.ops.torchao
+    qp = _call(
+        graph,
+        mode,
+        ops.choose_qparams_affine.default,
+        (x, "ASYMMETRIC", block, torch.int8, -128, 127, None, None, torch.int8),
+        like,
+    )
+    s = _call(graph, mode, operator.getitem, (qp, 0), like)
+    z = _call(graph, mode, operator.getitem, (qp, 1), like)
+    q = _call(graph, mode, ops.quantize_affine.default, (x, block, s, z, torch.int8, -128, 127), like)
+    return _call(graph, mode, ops.dequantize_affine.default, (q, block, s, z, torch.int8, -128, 127), like)
+
+
+def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> ExportedProgram:
+    """Rewrite every ``linear`` of ``program``'s top graph whose weight is a parameter the scheme
+    accepts (2-D float32, in-features divisible by the group), in place; returns ``program``.
+    Each linear quantizes its own input, even where several read one tensor (q/k/v, gate/up):
+    XNNPACK's partitioner groups a shared activation chain with all its linears and then split a
+    2-layer Llama into 5 delegates instead of 1 (ONNX's common-subexpression pass merges the
+    copies in the .onnx)."""
+    import torchao.quantization.quant_primitives  # noqa: F401  (defines torch.ops.torchao)
+
+    graph = program.graph_module.graph
+    sig = program.graph_signature
+    params = dict(sig.inputs_to_parameters)
+    mode = _fake_mode(program)
+    if mode is None:
+        raise InputError("the program has no fake tensors to quantize against", hint="re-export the model")
+    specs = list(sig.input_specs)
+    user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first_user = placeholders[user_idx] if user_idx < len(placeholders) else None
+    new_specs: list[Any] = []
+    weights: dict[str, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = {}
+    ops = torch.ops.torchao
+    changed = 0
+    kept: dict[str, str] = {}
+
+    def add_buffer(name: str, tensor: torch.Tensor) -> torch.fx.Node:
+        from torch.export.graph_signature import InputSpec, TensorArgument
+
+        ctx = (
+            graph.inserting_before(first_user)
+            if first_user is not None
+            else graph.inserting_after(placeholders[-1])
+        )
+        with ctx:
+            ph = graph.placeholder(f"b_{name.replace('.', '_')}")
+        ph.meta["val"] = mode.from_tensor(tensor, static_shapes=True)
+        program.state_dict[name] = tensor
+        new_specs.append(
+            InputSpec(kind=InputKind.BUFFER, arg=TensorArgument(name=ph.name), target=name, persistent=True)
+        )
+        return ph
+
+    matmuls = (aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default)
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in matmuls:
+            for a in node.args:
+                if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in params:
+                    kept.setdefault(params[a.name], f"read by {node.target} (not a linear): stays float32")
+            continue
+        if node.op != "call_function" or node.target is not aten.linear.default:
+            continue
+        x, w = node.args[0], node.args[1]
+        if not isinstance(w, torch.fx.Node) or w.op != "placeholder" or w.name not in params:
+            continue
+        name = params[w.name]
+        tensor = program.state_dict.get(name)
+        xv = _val(x)
+        if (
+            not isinstance(tensor, torch.Tensor)
+            or not scheme.accepts(tensor)
+            or not isinstance(xv, torch.Tensor)
+        ):
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
+            kept.setdefault(
+                name,
+                f"{shape}: {scheme.name} needs 2-D float32 weights"
+                + (f" with in_features a multiple of {scheme.group_size}" if scheme.group_size else ""),
+            )
+            continue
+        if name not in weights:
+            q = quantize_weight(tensor, scheme)
+            base = name[: -len(".weight")] if name.endswith(".weight") else name
+            weights[name] = (
+                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_codes"), q.codes),
+                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_scales"), q.scales),
+                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_zero_points"), q.zero_points),
+            )
+        codes, scales, zps = weights[name]
+        k = int(tensor.shape[1])
+        with graph.inserting_before(node):
+            xq = _activation(graph, mode, x, [1] * (xv.dim() - 1) + [k], node)
+            wq = _call(
+                graph,
+                mode,
+                ops.dequantize_affine.default,
+                (codes, scheme.block(k), scales, zps, torch.int8, scheme.qmin, scheme.qmax),
+                node,
+            )
+        node.args = (xq, wq, *node.args[2:])
+        changed += 1
+    if not changed:
+        listed = "; ".join(f"{n} {why}" for n, why in kept.items()) or "no linear reads a parameter"
+        raise InputError(
+            f"quantize={scheme.name!r} found no linear to quantize in the program ({listed})",
+            hint="quantization rewrites aten.linear with a parameter weight (a Conv1D written as "
+            "addmm, as GPT-2's, is not one); export with quantize=None",
+        )
+    dropped = []
+    for ph in [n for n in graph.nodes if n.op == "placeholder" and n.name in params]:
+        if not ph.users and params[ph.name] in weights:
+            dropped.append(params[ph.name])
+            graph.erase_node(ph)
+    specs = [s for s in specs if not (s.kind == InputKind.PARAMETER and s.target in dropped)]
+    user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+    set_graph_signature(
+        program,
+        ExportGraphSignature(
+            input_specs=specs[:user_idx] + new_specs + specs[user_idx:], output_specs=list(sig.output_specs)
+        ),
+    )
+    for name in dropped:
+        program.state_dict.pop(name, None)
+    graph.lint()
+    program.graph_module.recompile()
+    logger.info(
+        "%s: %d linear(s) over %d weight(s), %d float weight(s) left the program",
+        scheme.describe(),
+        changed,
+        len(weights),
+        len(dropped),
+    )
+    for name, why in kept.items():
+        logger.warning("%s is not quantized: %s", name, why)
+    program.graph_module.meta[FLOAT_LINEARS_KEY] = dict(kept)
+    return program
+
+
+def quantization_transform(scheme: WeightScheme) -> Callable[[ExportedProgram], ExportedProgram]:
+    """``quantize_linears`` for ``scheme`` as a program transform (``dx.export(transforms=...)``)."""
+
+    def quantize(program: ExportedProgram) -> ExportedProgram:
+        return quantize_linears(program, scheme)
+
+    quantize.__name__ = f"quantize_{scheme.name}"
+    return quantize

@@ -1,0 +1,388 @@
+"""Quantized decoders (issue 19, step 3): ``dx.export_llm(quantize="int4" | "int8")``.
+
+One set of codes for both files: the shared program holds int4 (group 32) or int8 (per channel)
+codes, bfloat16-valued scales and zero points as buffers; the .onnx writes them as blocked
+``DequantizeLinear`` that ONNX Runtime fuses into ``MatMulNBits``, the .pte as XNNPACK's
+8-bit-dynamic-activation kernels. Checked from the files on disk: the weight proof finds every
+code and scale (packed, transposed, bfloat16) bit for bit, ONNX Runtime fuses one MatMulNBits
+per quantized linear, the .pte runs in one XNNPACK delegate, and ``dx.generate`` on both files
+gives the quantized eager program's greedy tokens wherever its top-2 margin is above the bound.
+One export per case, shared by its checks; the second architecture runs in the slow suite.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import dualexport as dx
+from dualexport.errors import InputError
+from dualexport.llm.parity import QUANTIZED_TOLERANCE, generation_parity
+from dualexport.llm.quantize import SCHEMES, quantized_weights
+from test_llm import COMMON, make_model, prompts
+
+T = 32
+NEW = 8
+#: Llama's hidden 64 and intermediate 128 are multiples of the group (32): every linear quantized.
+CASES = {
+    "llama-int4": ("llama", "int4"),
+    "qwen3-int4": ("qwen3", "int4"),  # q/k norm, head_dim 16
+    "llama-int8": ("llama", "int8"),
+}
+#: every case exports a decoder and lowers it twice (~160 s on 2 cores): all in `make test-slow`; the
+#: default run keeps the unit checks below (refusals, encodings, the margin bound, CLI choices)
+FAST: tuple[str, ...] = ()
+LINEARS = 7 * COMMON["num_hidden_layers"] + 1  # q, k, v, o, gate, up, down per layer; lm_head
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+    case: str
+    arch: str
+    scheme: str
+    res: Any
+    report: Any
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    done: dict[str, Quantized] = {}
+
+    def get(case: str) -> Quantized:
+        if case not in done:
+            arch, scheme = CASES[case]
+            model = make_model(arch)
+            res = dx.export_llm(
+                model, max_seq_len=T, out_dir=tmp_path_factory.mktemp(case), name=arch, quantize=scheme
+            )
+            assert res.ok, dict(res.errors)
+            report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+            sizes = {t: pathlib.Path(a.path).stat().st_size for t, a in res.artifacts.items()}
+            print(
+                f"{case}: {sizes}\n{report.to_markdown()}\n{res.artifacts['xnnpack'].delegation.to_markdown()}"
+            )
+            done[case] = Quantized(case, arch, scheme, res, report)
+        return done[case]
+
+    return get
+
+
+@pytest.fixture(params=[pytest.param(c, marks=() if c in FAST else pytest.mark.slow) for c in CASES])
+def quantized(request: pytest.FixtureRequest, exports: Any) -> Quantized:
+    return exports(request.param)
+
+
+def ort_optimized_ops(path: pathlib.Path, tmp_path: pathlib.Path) -> collections.Counter[str]:
+    """Op types of the graph ONNX Runtime runs (its optimized model, written to ``tmp_path``),
+    with the session entries the file records (the MatMulNBits accuracy level)."""
+    import json
+
+    import onnx
+    import onnxruntime as ort
+
+    from dualexport.exporters.onnx_quant import SESSION_CONFIG_KEY
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    for key, value in json.loads(meta.get(SESSION_CONFIG_KEY, "{}")).items():
+        options.add_session_config_entry(key, value)
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(options.optimized_model_filepath, load_external_data=False)
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+# ------------------------------------------------------------------------- one set of codes
+def test_codes_and_scales_proven_in_both_files(quantized: Quantized) -> None:
+    """Every linear is quantized, and each code/scale buffer of the shared program is found in
+    both files, read back from disk: the .onnx's transposed INT4 (two per byte) and scales, the
+    .pte's packed nibbles and bfloat16 scales (int4), or the int8 codes as they are."""
+    program = quantized.res.program.exported_program
+    groups = quantized_weights(program)
+    assert len(groups) == LINEARS
+    assert not any(n.endswith("_proj.weight") or n == "model.lm_head.weight" for n in program.state_dict)
+    check = quantized.res.verify_weights()
+    assert check.copies and check.copies["onnx"] > 0 and check.copies["xnnpack"] > 0
+    manifest = quantized.res.manifest
+    for names in groups.values():
+        for role in ("codes", "scales"):
+            entry = manifest.entry(names[role])
+            for target in ("onnx", "xnnpack"):
+                stored = [c for c in entry.copies[target] if c.status in ("exact", "transformed")]
+                assert stored, (names[role], target, entry.copies[target])
+    codes = manifest.entry(next(iter(groups.values()))["codes"])
+    if quantized.scheme == "int4":
+        (onnx_copy,) = codes.copies["onnx"]
+        assert (onnx_copy.status, onnx_copy.encoding, onnx_copy.permutation) == (
+            "transformed",
+            "int4_packed",
+            (1, 0),
+        )
+        (pte_copy,) = codes.copies["xnnpack"]
+        assert (pte_copy.status, pte_copy.encoding) == ("transformed", "uint4_packed_offset8")
+    else:
+        assert {c.status for c in codes.copies["onnx"]} == {"exact"}
+        assert {c.status for c in codes.copies["xnnpack"]} == {"exact"}
+
+
+@pytest.mark.slow
+def test_a_changed_code_on_disk_fails_the_proof(exports: Any, tmp_path: pathlib.Path) -> None:
+    """The proof reads the packed copy: flip one nibble of one INT4 initializer in a copy of the
+    .onnx and verification names the weight."""
+    import shutil
+
+    import onnx
+
+    from dualexport.errors import WeightMismatchError
+    from dualexport.weights import verify_manifest
+
+    q = exports("llama-int4")
+    onnx_path = q.res.artifacts["onnx"].path
+    for f in pathlib.Path(onnx_path).parent.iterdir():
+        if f.name.startswith(q.arch + "."):
+            shutil.copy(f, tmp_path / f.name)
+    copy = tmp_path / pathlib.Path(onnx_path).name
+    model = onnx.load(str(copy), load_external_data=False)
+    init = next(i for i in model.graph.initializer if i.name.endswith("q_proj.int4_codes.kn"))
+    if init.HasField("raw_data"):
+        raw = bytearray(init.raw_data)
+        raw[0] ^= 0x01
+        init.raw_data = bytes(raw)
+        onnx.save(model, str(copy))
+    else:  # stored in the .onnx.data file
+        info = {e.key: e.value for e in init.external_data}
+        data = tmp_path / info["location"]
+        blob = bytearray(data.read_bytes())
+        blob[int(info.get("offset", 0))] ^= 0x01
+        data.write_bytes(bytes(blob))
+    holder = {k: v for k, v in q.res.program.exported_program.state_dict.items()}
+    with pytest.raises(WeightMismatchError, match="q_proj.int4_codes"):
+        verify_manifest(q.res.manifest, tmp_path, holder)
+
+
+# ----------------------------------------------------------------------------- the targets
+def test_onnx_runtime_fuses_every_linear_into_matmulnbits(
+    quantized: Quantized, tmp_path: pathlib.Path
+) -> None:
+    """int4: ONNX Runtime fuses one MatMulNBits (4 bits, block 32, accuracy level 0) per
+    quantized linear: no float weight is rebuilt at load."""
+    path = quantized.res.artifacts["onnx"].path
+    ops = ort_optimized_ops(path, tmp_path)
+    if quantized.scheme == "int4":
+        assert ops["MatMulNBits"] == LINEARS, dict(ops)
+        import onnx
+
+        model = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+        attrs = {
+            a.name: onnx.helper.get_attribute_value(a)
+            for a in next(n for n in model.graph.node if n.op_type == "MatMulNBits").attribute
+        }
+        assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (4, 32, 0)
+    else:
+        assert ops["MatMulNBits"] == 0 and ops["MatMul"] >= LINEARS, dict(ops)
+
+
+def test_pte_runs_the_quantized_linears_in_one_xnnpack_delegate(quantized: Quantized) -> None:
+    """8-bit dynamic activations with int4/int8 weights: XNNPACK takes every linear and its
+    activation quantization; the program stays one delegate."""
+    d = quantized.res.artifacts["xnnpack"].delegation
+    assert d.subgraphs == 1, d.to_markdown()
+    assert d.by_op["aten_linear_default"][1] == 0, d.to_markdown()
+    for op in ("torchao_choose_qparams_affine_default", "torchao_quantize_affine_default"):
+        assert d.by_op[op] == (LINEARS, 0), d.to_markdown()
+    assert d.delegated_share >= 0.90, d.to_markdown()
+
+
+def test_files_store_half_a_byte_per_int4_weight(quantized: Quantized) -> None:
+    """Each file keeps the codes at their width (int4: two per byte, int8: one), read from the
+    files on disk at the place the manifest records: no float copy of a quantized weight."""
+    from dualexport.weights.readers import read_onnx, read_pte
+
+    art = quantized.res.artifacts
+    onnx_store, pte_store = (
+        read_onnx(pathlib.Path(art["onnx"].path)),
+        read_pte(pathlib.Path(art["xnnpack"].path)),
+    )
+    per_byte = 2 if quantized.scheme == "int4" else 1
+    for names in quantized_weights(quantized.res.program.exported_program).values():
+        entry = quantized.res.manifest.entry(names["codes"])
+        numel = entry.nbytes  # int8 storage in the holder: one byte per weight
+        (onnx_copy,) = entry.copies["onnx"]
+        assert onnx_store.nbytes[onnx_copy.ref.split("@")[0]] == numel // per_byte
+        (pte_copy,) = entry.copies["xnnpack"]
+        assert pte_store.named_sizes[pte_copy.ref] == numel // per_byte
+
+
+# ------------------------------------------------------------------------------ generation
+def test_generate_matches_the_quantized_program(quantized: Quantized) -> None:
+    """dx.generate on both files against the quantized program run eagerly (the reference of a
+    quantized file), teacher-forced logits within the quantized tolerance; a token difference
+    counts only above the margin bound; the tokens are not one repeated id."""
+    report = quantized.report
+    assert report.reference == "eager" and report.tolerance == QUANTIZED_TOLERANCE
+    assert report.ok, report.to_markdown()
+    # not one repeated id over both prompts (int8 Llama's short prompt repeats one token)
+    assert len({t for p in report.prompts for t in p.reference}) > 1, [p.reference for p in report.prompts]
+    for p in report.prompts:
+        assert set(p.teacher_forced) == {"onnx", "xnnpack"}
+        for rt, m in p.teacher_forced.items():
+            assert m.unexplained_flips == 0 and m.max_abs <= QUANTIZED_TOLERANCE.max_abs, (rt, m)
+    from dualexport.llm.export import QUANTIZE_KEY
+
+    art = quantized.res.artifacts
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(art["onnx"].path), load_external_data=False).metadata_props}
+    assert meta[QUANTIZE_KEY].startswith(quantized.scheme + ":")
+    prompt = prompts()[0]
+    out = {t: dx.generate(art[t].path, prompt, max_new_tokens=NEW, return_logits=True) for t in art}
+    eager = report.prompts[0].tokens["eager"]
+    for t, (tokens, logits) in out.items():
+        assert tokens.shape == (1, len(prompt) + NEW)
+        assert float(logits.std(-1).min()) > 1e-3, f"{t}: flat logits"
+        if report.prompts[0].first_divergence[t] is None:
+            assert tuple(tokens[0, len(prompt) :].tolist()) == eager
+
+
+def test_quantized_program_differs_from_the_float_model(quantized: Quantized) -> None:
+    """The quantization reached the program (its logits are not the float model's), within
+    what 4/8-bit weights allow."""
+    model = make_model(quantized.arch)
+    prompt = torch.tensor([prompts()[0]])
+    with torch.no_grad():
+        float_logits = model(prompt).logits[0, -1]
+    _, logits = dx.generate(
+        quantized.res.artifacts["onnx"].path, prompt, max_new_tokens=1, return_logits=True
+    )
+    diff = float((logits[0] - float_logits).abs().max())
+    assert 1e-4 < diff < 0.5 * float(float_logits.abs().max()), diff
+
+
+# ---------------------------------------------------------------------------------- refusals
+def test_bad_quantize_values_are_refused(tmp_path: pathlib.Path) -> None:
+    model = make_model("llama")
+    with pytest.raises(InputError, match="int2") as info:
+        dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, quantize="int2")
+    assert "int4" in (info.value.hint or "")
+    with pytest.raises(InputError, match="opset"):
+        dx.export_llm(
+            model, max_seq_len=T, out_dir=tmp_path, quantize="int4", options=dx.ExportOptions(onnx_opset=18)
+        )
+    with pytest.raises(InputError, match="optimize=False"):
+        dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, quantize="int8", optimize=False)
+    assert not any(tmp_path.iterdir())
+    assert set(SCHEMES) == {"int4", "int8"}
+
+
+def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualexport.cli import build_parser
+
+    ns = build_parser().parse_args(["export-llm", "cfg.json", "--max-seq-len", "16", "--quantize", "int4"])
+    assert ns.quantize == "int4"
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["export-llm", "cfg.json", "--max-seq-len", "16", "--quantize", "int2"])
+    assert info.value.code == 2 and "int2" in capsys.readouterr().err
+
+
+def test_session_config_key_is_shared_by_exporter_and_runner() -> None:
+    from dualexport.exporters.onnx_quant import SESSION_CONFIG_KEY
+    from dualexport.runtimes import ort
+
+    assert ort.SESSION_CONFIG_KEY == SESSION_CONFIG_KEY
+
+
+def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureFixture) -> None:
+    """in_features 48 is no multiple of 32: that linear keeps its float weight, named in the log
+    and in the program's meta; the other is quantized and still computes the float result within
+    int4's error."""
+    import logging
+
+    from dualexport.llm.quantize import FLOAT_LINEARS_KEY, quantize_linears
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 16)).eval()
+    x = torch.randn(2, 64)
+    program = torch.export.export(model, (x,))
+    with caplog.at_level(logging.WARNING, logger="dualexport.llm.quantize"):
+        quantize_linears(program, SCHEMES["int4"])
+    assert list(quantized_weights(program)) == ["0.int4_codes"]
+    assert "2.weight" in program.state_dict and "0.weight" not in program.state_dict
+    assert set(program.graph_module.meta[FLOAT_LINEARS_KEY]) == {"2.weight"}
+    assert "2.weight is not quantized" in caplog.text
+    with torch.no_grad():
+        want, got = model(x), program.module()(x)
+    err = float((got - want).abs().max())
+    assert 0 < err < 0.1 * float(want.abs().max()), err
+
+
+def test_a_token_difference_counts_only_above_the_margin_bound() -> None:
+    """Teacher-forced: a top-1 flip where the reference's top-2 margin is under the bound is
+    explained, one above it is not; free-running: the first divergence counts by the reference's
+    margin at that step, and an unbounded tolerance counts every difference."""
+    from dualexport.llm.parity import PromptParity, StepTolerance, teacher_forced_metrics
+
+    bound = QUANTIZED_TOLERANCE.margin_bound
+    assert bound is not None
+    ref = torch.tensor([[1.0, 1.0 - bound / 2, 0.0], [2.0, 0.0, 0.0]])
+    close_flip = torch.tensor([[1.0 - bound / 2, 1.0, 0.0], [2.0, 0.0, 0.0]])
+    far_flip = torch.tensor([[1.0, 1.0 - bound / 2, 0.0], [0.0, 2.0, 0.0]])
+    assert teacher_forced_metrics(close_flip, ref, bound).unexplained_flips == 0
+    assert teacher_forced_metrics(far_flip, ref, bound).unexplained_flips == 1
+    assert teacher_forced_metrics(far_flip, ref).unexplained_flips is None
+
+    def parity(margin: float) -> PromptParity:
+        return PromptParity((1,), (2, 3), {"onnx": (2, 4)}, {"onnx": 1}, {}, {"onnx": margin})
+
+    assert not parity(bound / 2).counted("onnx", QUANTIZED_TOLERANCE)
+    assert parity(bound * 2).counted("onnx", QUANTIZED_TOLERANCE)
+    assert parity(bound / 2).counted("onnx", StepTolerance())
+
+
+def test_encodings_are_the_libraries_own_packing() -> None:
+    """The manifest's encodings reproduce what the libraries write: ONNX INT4 (onnx_ir with
+    ml_dtypes.int4, two per byte), XNNPACK's ``convert_to_qc4w`` and its bfloat16 scales."""
+    import ml_dtypes
+    import numpy as np
+    import onnx_ir as ir
+    from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor
+
+    from dualexport.weights.locate import encoded_bytes
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(-8, 8, (6, 64), generator=g, dtype=torch.int8)
+    onnx_int4 = ir.tensor(np.ascontiguousarray(codes.numpy().T).astype(ml_dtypes.int4)).tobytes()
+    assert encoded_bytes(codes, (1, 0), "int4_packed") == onnx_int4
+    qc4w = NodeVisitor.convert_to_qc4w(codes.clone())
+    assert encoded_bytes(codes, (), "uint4_packed_offset8") == qc4w.contiguous().numpy().tobytes()
+    scales = torch.rand(6, 2, generator=g).to(torch.bfloat16).float()
+    assert (
+        encoded_bytes(scales, (), "bfloat16") == scales.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    )
+    with pytest.raises(ValueError, match="odd"):
+        encoded_bytes(codes[:, :3], (), "uint4_packed_offset8")
+
+
+def test_weights_read_by_other_matmuls_are_listed_and_a_program_without_linears_refused() -> None:
+    """transformers' Conv1D (GPT-2) computes addmm, not linear: its weight stays float32 and is
+    listed; a program with no linear at all is refused rather than labelled int4."""
+    from transformers.pytorch_utils import Conv1D
+
+    from dualexport.llm.quantize import FLOAT_LINEARS_KEY, quantize_linears
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 64)
+    mixed = torch.export.export(torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32)).eval(), (x,))
+    quantize_linears(mixed, SCHEMES["int4"])
+    assert list(quantized_weights(mixed)) == ["1.int4_codes"]
+    assert "not a linear" in mixed.graph_module.meta[FLOAT_LINEARS_KEY]["0.weight"]
+    only_conv1d = torch.export.export(Conv1D(64, 64).eval(), (x,))
+    with pytest.raises(InputError, match="found no linear to quantize"):
+        quantize_linears(only_conv1d, SCHEMES["int4"])
