@@ -3,7 +3,8 @@
 
 Why explicit cache tensors (design (a) of issue 19): both targets then compute the same pure
 function. A cache kept in mutable buffers is updated in place by ExecuTorch but silently dropped
-by torch.onnx 2.13 (measured for issue 19: the exported ONNX model has no state outputs), so the two files would carry two different programs.
+by torch.onnx 2.13 (measured for issue 19: the ONNX model has no state outputs), so the two
+files would carry two different programs.
 """
 
 from __future__ import annotations
