@@ -78,29 +78,11 @@ def export_llm(
     program (``generation_parity``).
     """
     from .. import api
-    from ..shared_state import ProgramTransform
     from .attention import exported_attention
-    from .canonical import DECODER_CANONICALIZATIONS
-    from .layout import LAYOUT_KEY
-    from .loading import load_decoder
     from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
 
-    label = ""
-    if isinstance(model, (str, os.PathLike)):
-        label = str(model)
-        model = load_decoder(model)
-    if not isinstance(model, nn.Module):
-        raise InputError(
-            f"model must be a torch.nn.Module or a reference to one, got {type(model).__name__}",
-            hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
-        )
-    scheme = _scheme(quantize)
-    if scheme is not None and not optimize:
-        raise InputError(
-            f"quantize={quantize!r} with optimize=False: the plain export runs no dualexport pass, "
-            "and the weight quantization is one",
-            hint="drop optimize=False to quantize, or quantize=None for the plain comparison",
-        )
+    model, label = _resolve_model(model)
+    scheme = _checked_scheme(quantize, optimize)
     max_seq_len = _check_max_seq_len(model, max_seq_len)
     was_training = model.training
     model.eval()
@@ -108,21 +90,10 @@ def export_llm(
         layout = probe_layout(model, max_seq_len, label or type(model).__name__)
         wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
-        extra: tuple[tuple[str, str], ...] = ((LAYOUT_KEY, layout.to_json()),)
-        if scheme is not None:
-            extra += ((QUANTIZE_KEY, scheme.describe()),)
-        opts = _with_metadata(options or ExportOptions(), extra)
-        if scheme is not None:
-            opts = _quantized_opset(opts)
+        opts = _decoder_options(options, layout, scheme)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
-        transforms = (
-            [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
-        )
-        if scheme is not None:
-            from .quantize import quantization_transform
-
-            transforms.append(ProgramTransform(quantization_transform(scheme), f"llm:{scheme.describe()}"))
+        transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
             return api.export(
                 wrapper,
@@ -138,6 +109,62 @@ def export_llm(
             )
     finally:
         model.train(was_training)
+
+
+def _resolve_model(model: nn.Module | str | os.PathLike[str]) -> tuple[nn.Module, str]:
+    """Load a referenced decoder and keep its reference as the label the layout probe reports."""
+    from .loading import load_decoder
+
+    label = ""
+    if isinstance(model, (str, os.PathLike)):
+        label = str(model)
+        model = load_decoder(model)
+    if not isinstance(model, nn.Module):
+        raise InputError(
+            f"model must be a torch.nn.Module or a reference to one, got {type(model).__name__}",
+            hint="pass a transformers causal LM, a config .json, a model folder or MODULE:ATTR",
+        )
+    return model, label
+
+
+def _checked_scheme(quantize: Any, optimize: bool) -> Any:
+    """The quantization scheme, refused without optimize: the quantization is a dualexport pass."""
+    scheme = _scheme(quantize)
+    if scheme is not None and not optimize:
+        raise InputError(
+            f"quantize={quantize!r} with optimize=False: the plain export runs no dualexport pass, "
+            "and the weight quantization is one",
+            hint="drop optimize=False to quantize, or quantize=None for the plain comparison",
+        )
+    return scheme
+
+
+def _decoder_options(options: ExportOptions | None, layout: Any, scheme: Any) -> ExportOptions:
+    """Options whose files record the cache layout (and the quantization, at a quantized opset)."""
+    from .layout import LAYOUT_KEY
+
+    extra: tuple[tuple[str, str], ...] = ((LAYOUT_KEY, layout.to_json()),)
+    if scheme is not None:
+        extra += ((QUANTIZE_KEY, scheme.describe()),)
+    opts = _with_metadata(options or ExportOptions(), extra)
+    if scheme is not None:
+        opts = _quantized_opset(opts)
+    return opts
+
+
+def _decoder_transforms(optimize: bool, scheme: Any) -> list[Any]:
+    """The decoder's program transforms: canonicalizations when optimizing, then the quantization."""
+    from ..shared_state import ProgramTransform
+    from .canonical import DECODER_CANONICALIZATIONS
+
+    transforms = (
+        [ProgramTransform(f, f"llm:{f.__name__}") for f in DECODER_CANONICALIZATIONS] if optimize else []
+    )
+    if scheme is not None:
+        from .quantize import quantization_transform
+
+        transforms.append(ProgramTransform(quantization_transform(scheme), f"llm:{scheme.describe()}"))
+    return transforms
 
 
 def _scheme(quantize: Any) -> Any:

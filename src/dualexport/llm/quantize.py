@@ -232,18 +232,56 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
     if mode is None:
         raise InputError("the program has no fake tensors to quantize against", hint="re-export the model")
     specs = list(sig.input_specs)
+    new_specs: list[Any] = []
+    add_buffer = _buffer_adder(program, mode, specs, new_specs)
+    weights: dict[str, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = {}
+    changed = 0
+    kept: dict[str, str] = {}
+    matmuls = (aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default)
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in matmuls:
+            _keep_matmul_weights(node, params, kept)
+            continue
+        if node.op != "call_function" or node.target is not aten.linear.default:
+            continue
+        if _quantize_linear(program, mode, scheme, node, params, weights, kept, add_buffer):
+            changed += 1
+    if not changed:
+        listed = "; ".join(f"{n} {why}" for n, why in kept.items()) or "no linear reads a parameter"
+        raise InputError(
+            f"quantize={scheme.name!r} found no linear to quantize in the program ({listed})",
+            hint="quantization rewrites aten.linear with a parameter weight (a Conv1D written as "
+            "addmm, as GPT-2's, is not one); export with quantize=None",
+        )
+    dropped = _drop_float_weights(program, sig, specs, new_specs, params, weights)
+    graph.lint()
+    program.graph_module.recompile()
+    logger.info(
+        "%s: %d linear(s) over %d weight(s), %d float weight(s) left the program",
+        scheme.describe(),
+        changed,
+        len(weights),
+        len(dropped),
+    )
+    for name, why in kept.items():
+        logger.warning("%s is not quantized: %s", name, why)
+    program.graph_module.meta[FLOAT_LINEARS_KEY] = dict(kept)
+    return program
+
+
+def _buffer_adder(
+    program: ExportedProgram, mode: Any, specs: list[Any], new_specs: list[Any]
+) -> Callable[[str, torch.Tensor], torch.fx.Node]:
+    """A function adding a persistent buffer placeholder before the user inputs (its spec to
+    ``new_specs``), so the codes and scales are state the weight proof reads."""
+    from torch.export.graph_signature import InputSpec, TensorArgument
+
+    graph = program.graph_module.graph
     user_idx = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first_user = placeholders[user_idx] if user_idx < len(placeholders) else None
-    new_specs: list[Any] = []
-    weights: dict[str, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]] = {}
-    ops = torch.ops.torchao
-    changed = 0
-    kept: dict[str, str] = {}
 
     def add_buffer(name: str, tensor: torch.Tensor) -> torch.fx.Node:
-        from torch.export.graph_signature import InputSpec, TensorArgument
-
         ctx = (
             graph.inserting_before(first_user)
             if first_user is not None
@@ -258,61 +296,78 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
         )
         return ph
 
-    matmuls = (aten.addmm.default, aten.mm.default, aten.matmul.default, aten.bmm.default)
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in matmuls:
-            for a in node.args:
-                if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in params:
-                    kept.setdefault(params[a.name], f"read by {node.target} (not a linear): stays float32")
-            continue
-        if node.op != "call_function" or node.target is not aten.linear.default:
-            continue
-        x, w = node.args[0], node.args[1]
-        if not isinstance(w, torch.fx.Node) or w.op != "placeholder" or w.name not in params:
-            continue
-        name = params[w.name]
-        tensor = program.state_dict.get(name)
-        xv = _val(x)
-        if (
-            not isinstance(tensor, torch.Tensor)
-            or not scheme.accepts(tensor)
-            or not isinstance(xv, torch.Tensor)
-        ):
-            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
-            kept.setdefault(
-                name,
-                f"{shape}: {scheme.name} needs 2-D float32 weights"
-                + (f" with in_features a multiple of {scheme.group_size}" if scheme.group_size else ""),
-            )
-            continue
-        if name not in weights:
-            q = quantize_weight(tensor, scheme)
-            base = name[: -len(".weight")] if name.endswith(".weight") else name
-            weights[name] = (
-                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_codes"), q.codes),
-                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_scales"), q.scales),
-                add_buffer(_buffer_name(program, f"{base}.{scheme.name}_zero_points"), q.zero_points),
-            )
-        codes, scales, zps = weights[name]
-        k = int(tensor.shape[1])
-        with graph.inserting_before(node):
-            xq = _activation(graph, mode, x, [1] * (xv.dim() - 1) + [k], node)
-            wq = _call(
-                graph,
-                mode,
-                ops.dequantize_affine.default,
-                (codes, scheme.block(k), scales, zps, torch.int8, scheme.qmin, scheme.qmax),
-                node,
-            )
-        node.args = (xq, wq, *node.args[2:])
-        changed += 1
-    if not changed:
-        listed = "; ".join(f"{n} {why}" for n, why in kept.items()) or "no linear reads a parameter"
-        raise InputError(
-            f"quantize={scheme.name!r} found no linear to quantize in the program ({listed})",
-            hint="quantization rewrites aten.linear with a parameter weight (a Conv1D written as "
-            "addmm, as GPT-2's, is not one); export with quantize=None",
+    return add_buffer
+
+
+def _keep_matmul_weights(node: torch.fx.Node, params: dict[str, str], kept: dict[str, str]) -> None:
+    """Record the parameters a non-linear matmul reads: the rewrite leaves them in float32."""
+    for a in node.args:
+        if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in params:
+            kept.setdefault(params[a.name], f"read by {node.target} (not a linear): stays float32")
+
+
+def _quantize_linear(
+    program: ExportedProgram,
+    mode: Any,
+    scheme: WeightScheme,
+    node: torch.fx.Node,
+    params: dict[str, str],
+    weights: dict[str, tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]],
+    kept: dict[str, str],
+    add_buffer: Callable[[str, torch.Tensor], torch.fx.Node],
+) -> bool:
+    """Rewrite one ``linear`` to read quantized activations and weights (the weight's buffers
+    added once, shared by its linears); False, with the reason in ``kept``, if it stays float."""
+    graph = program.graph_module.graph
+    x: Any = node.args[0]  # a Node whenever its value is a tensor (checked below)
+    w = node.args[1]
+    if not isinstance(w, torch.fx.Node) or w.op != "placeholder" or w.name not in params:
+        return False
+    name = params[w.name]
+    tensor = program.state_dict.get(name)
+    xv = _val(x)
+    if not isinstance(tensor, torch.Tensor) or not scheme.accepts(tensor) or not isinstance(xv, torch.Tensor):
+        shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
+        kept.setdefault(
+            name,
+            f"{shape}: {scheme.name} needs 2-D float32 weights"
+            + (f" with in_features a multiple of {scheme.group_size}" if scheme.group_size else ""),
         )
+        return False
+    if name not in weights:
+        q = quantize_weight(tensor, scheme)
+        base = name[: -len(".weight")] if name.endswith(".weight") else name
+        weights[name] = (
+            add_buffer(_buffer_name(program, f"{base}.{scheme.name}_codes"), q.codes),
+            add_buffer(_buffer_name(program, f"{base}.{scheme.name}_scales"), q.scales),
+            add_buffer(_buffer_name(program, f"{base}.{scheme.name}_zero_points"), q.zero_points),
+        )
+    codes, scales, zps = weights[name]
+    k = int(tensor.shape[1])
+    with graph.inserting_before(node):
+        xq = _activation(graph, mode, x, [1] * (xv.dim() - 1) + [k], node)
+        wq = _call(
+            graph,
+            mode,
+            torch.ops.torchao.dequantize_affine.default,
+            (codes, scheme.block(k), scales, zps, torch.int8, scheme.qmin, scheme.qmax),
+            node,
+        )
+    node.args = (xq, wq, *node.args[2:])
+    return True
+
+
+def _drop_float_weights(
+    program: ExportedProgram,
+    sig: ExportGraphSignature,
+    specs: list[Any],
+    new_specs: list[Any],
+    params: dict[str, str],
+    weights: dict[str, Any],
+) -> list[str]:
+    """Remove the quantized weights nothing reads any more and install the new signature, so the
+    float copies leave the program; returns the dropped names."""
+    graph = program.graph_module.graph
     dropped = []
     for ph in [n for n in graph.nodes if n.op == "placeholder" and n.name in params]:
         if not ph.users and params[ph.name] in weights:
@@ -328,19 +383,7 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
     )
     for name in dropped:
         program.state_dict.pop(name, None)
-    graph.lint()
-    program.graph_module.recompile()
-    logger.info(
-        "%s: %d linear(s) over %d weight(s), %d float weight(s) left the program",
-        scheme.describe(),
-        changed,
-        len(weights),
-        len(dropped),
-    )
-    for name, why in kept.items():
-        logger.warning("%s is not quantized: %s", name, why)
-    program.graph_module.meta[FLOAT_LINEARS_KEY] = dict(kept)
-    return program
+    return dropped
 
 
 def quantization_transform(scheme: WeightScheme) -> Callable[[ExportedProgram], ExportedProgram]:

@@ -203,11 +203,28 @@ def locate_onnx(
     folds a MatMul's transpose into its weight), or folded from it (``derived``: the pipeline's
     constant folding recorded which weights each new initializer came from)."""
     copies: dict[str, list[WeightLocation]] = {e.name: [] for e in entries}
+    claimed: set[str] = set()
+    named = {n for e in entries for n in e.names}
+    _onnx_as_is(entries, store, copies, claimed)
+    _onnx_permuted(entries, tensors, store, named, copies, claimed)
+    _onnx_encoded(entries, tensors, store, named, copies, claimed)
+    _onnx_derived(entries, store, derived, copies, claimed)
+    return {
+        e.name: tuple(copies[e.name]) if copies[e.name] else (_not_found(e, notes, "onnx"),) for e in entries
+    }
+
+
+def _onnx_as_is(
+    entries: Sequence[WeightEntry],
+    store: OnnxTensors,
+    copies: dict[str, list[WeightLocation]],
+    claimed: set[str],
+) -> None:
+    """Initializers under each entry's names (exact or mismatch) and with its bytes under another
+    name: the copies found without transforming the weight, claimed before any other search."""
     by_sha: dict[tuple[str, int], list[str]] = {}
     for init, sha in store.sha256.items():
         by_sha.setdefault((sha, store.nbytes.get(init, -1)), []).append(init)
-    claimed: set[str] = set()
-    named = {n for e in entries for n in e.names}
     for e in entries:
         for n in e.names:
             if n not in store.sha256:
@@ -239,6 +256,18 @@ def locate_onnx(
                     "with an equal weight)",
                 )
             )
+
+
+def _onnx_permuted(
+    entries: Sequence[WeightEntry],
+    tensors: Mapping[str, torch.Tensor],
+    store: OnnxTensors,
+    named: set[str],
+    copies: dict[str, list[WeightLocation]],
+    claimed: set[str],
+) -> None:
+    """Unclaimed initializers holding a permutation of a weight: the ONNX pipeline folds a
+    MatMul's transpose into its weight."""
     orphans = [i for i in store.sha256 if i not in claimed and i not in named]
     for e, init, sha, perm in _permuted_matches(entries, tensors, orphans, store.dims, store.nbytes, copies):
         if store.sha256[init] == sha:
@@ -251,6 +280,18 @@ def locate_onnx(
                     f"the ONNX pipeline folded it into a permute{perm} copy (a MatMul's weight)",
                 )
             )
+
+
+def _onnx_encoded(
+    entries: Sequence[WeightEntry],
+    tensors: Mapping[str, torch.Tensor],
+    store: OnnxTensors,
+    named: set[str],
+    copies: dict[str, list[WeightLocation]],
+    claimed: set[str],
+) -> None:
+    """Unclaimed initializers holding a weight found nowhere else in a quantized encoding: the
+    codes MatMulNBits reads as packed INT4."""
     orphan_sha: dict[str, list[str]] = {}
     for init in store.sha256:
         if init not in claimed and init not in named:
@@ -273,6 +314,17 @@ def locate_onnx(
                         enc,
                     )
                 )
+
+
+def _onnx_derived(
+    entries: Sequence[WeightEntry],
+    store: OnnxTensors,
+    derived: Mapping[str, Sequence[str]] | None,
+    copies: dict[str, list[WeightLocation]],
+    claimed: set[str],
+) -> None:
+    """Unclaimed initializers the pipeline's constant folding made from weights: recorded as
+    derived copies of each source, since their bytes are a function of the weight."""
     by_name = {n: e for e in entries for n in e.names}
     for init, sources in (derived or {}).items():
         if init in claimed or init not in store.sha256:
@@ -290,9 +342,6 @@ def locate_onnx(
                     checked=PARITY_CHECK,
                 )
             )
-    return {
-        e.name: tuple(copies[e.name]) if copies[e.name] else (_not_found(e, notes, "onnx"),) for e in entries
-    }
 
 
 def _permuted_matches(
