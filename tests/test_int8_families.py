@@ -31,66 +31,39 @@ from onnx import numpy_helper
 
 import dualexport as dx
 from dualexport.loading.models import hf_model, outputs_constant, settle_batchnorm
+from zoo.hf import HF_CASES
 
 pytestmark = pytest.mark.slow
 
-_TEXT = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    vocab_size=100,
-    max_position_embeddings=32,
-)
+#: the zoo's tiny configs (tests/zoo/hf.py), built as users get them; Swin, which the zoo has only
+#: from torchvision, from a config here
+_ZOO = {c.name: c for c in HF_CASES}
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _zoo_inputs(name: str) -> Callable[[int], tuple[torch.Tensor, ...]]:
+    """The zoo case's input maker, seeded (calibration sets must differ from the example)."""
 
+    def make(seed: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        return tuple(_ZOO[name].inputs()[0])
 
-def _ids(seed: int) -> tuple[torch.Tensor, ...]:
-    return (torch.randint(0, 100, (2, 8), generator=_gen(seed)),)
-
-
-def _ids_mask(seed: int) -> tuple[torch.Tensor, ...]:
-    mask = torch.ones(2, 8, dtype=torch.long)
-    mask[1, 5:] = 0  # the second sequence padded: its last query rows are fully masked
-    return (*_ids(seed), mask)
+    return make
 
 
 def _image(seed: int) -> tuple[torch.Tensor, ...]:
-    return (torch.randn(1, 3, 32, 32, generator=_gen(seed)),)
+    return (torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(seed)),)
 
 
-def _audio(seed: int) -> tuple[torch.Tensor, ...]:
-    return (torch.randn(1, 400, generator=_gen(seed)),)
+def _settled_resnet() -> torch.nn.Module:
+    """BatchNorm statistics from a few batches: with the defaults, parity on random weights is vacuous."""
+    return settle_batchnorm(_ZOO["hf_resnet"].factory(), [_image(100 + i) for i in range(4)])
 
 
-#: family -> (model factory, input maker). Sizes keep every linear's in-features a multiple of 8.
+#: family -> (model factory, input maker)
 FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[torch.Tensor, ...]]]] = {
-    "decoder": (
-        lambda: hf_model("LlamaConfig", dict(_TEXT, num_key_value_heads=1), task="causal-lm"),
-        _ids,
-    ),
-    "encoder_mask": (
-        lambda: hf_model("BertConfig", _TEXT, input_names=("input_ids", "attention_mask")),
-        _ids_mask,
-    ),
-    "vit": (
-        lambda: hf_model(
-            "ViTConfig",
-            dict(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=64,
-                image_size=32,
-                patch_size=8,
-            ),
-            input_names=("pixel_values",),
-        ),
-        _image,
-    ),
+    "decoder": (_ZOO["hf_llama"].factory, _zoo_inputs("hf_llama")),
+    "encoder_mask": (_ZOO["hf_bert"].factory, _zoo_inputs("hf_bert")),
+    "vit": (_ZOO["hf_vit"].factory, _zoo_inputs("hf_vit")),
     "swin": (
         lambda: hf_model(
             "SwinConfig",
@@ -99,38 +72,8 @@ FAMILIES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[int], tuple[t
         ),
         _image,
     ),
-    "speech": (
-        lambda: hf_model(
-            "Wav2Vec2Config",
-            dict(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                intermediate_size=64,
-                conv_dim=(16, 16),
-                conv_stride=(5, 2),
-                conv_kernel=(10, 3),
-                num_conv_pos_embeddings=16,
-                num_conv_pos_embedding_groups=4,
-                feat_extract_norm="group",
-            ),
-            input_names=("input_values",),
-        ),
-        _audio,
-    ),
-    "cnn": (
-        lambda: settle_batchnorm(
-            hf_model(
-                "ResNetConfig",
-                dict(
-                    num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic"
-                ),
-                input_names=("pixel_values",),
-            ),
-            [_image(100 + i) for i in range(4)],
-        ),
-        _image,
-    ),
+    "speech": (_ZOO["hf_wav2vec2"].factory, _zoo_inputs("hf_wav2vec2")),
+    "cnn": (_settled_resnet, _zoo_inputs("hf_resnet")),
 }
 
 SCHEMES = ("int8", "int8-dynamic")
