@@ -258,6 +258,11 @@ def _onnx_as_is(
             )
 
 
+def _orphans(store: OnnxTensors, named: set[str], claimed: set[str]) -> list[str]:
+    """Initializers no weight has claimed yet and that are not stored under a weight's name."""
+    return [i for i in store.sha256 if i not in claimed and i not in named]
+
+
 def _onnx_permuted(
     entries: Sequence[WeightEntry],
     tensors: Mapping[str, torch.Tensor],
@@ -268,7 +273,7 @@ def _onnx_permuted(
 ) -> None:
     """Unclaimed initializers holding a permutation of a weight: the ONNX pipeline folds a
     MatMul's transpose into its weight."""
-    orphans = [i for i in store.sha256 if i not in claimed and i not in named]
+    orphans = _orphans(store, named, claimed)
     for e, init, sha, perm in _permuted_matches(entries, tensors, orphans, store.dims, store.nbytes, copies):
         if store.sha256[init] == sha:
             claimed.add(init)
@@ -293,9 +298,8 @@ def _onnx_encoded(
     """Unclaimed initializers holding a weight found nowhere else in a quantized encoding: the
     codes MatMulNBits reads as packed INT4."""
     orphan_sha: dict[str, list[str]] = {}
-    for init in store.sha256:
-        if init not in claimed and init not in named:
-            orphan_sha.setdefault(store.sha256[init], []).append(init)
+    for init in _orphans(store, named, claimed):
+        orphan_sha.setdefault(store.sha256[init], []).append(init)
     for e in entries:
         tensor = tensors.get(e.name)
         if tensor is None or copies[e.name]:
