@@ -58,7 +58,6 @@ def _proven(case: Case, res: Any, *, dynamic: bool = True) -> None:
 
 
 # ------------------------------------------------------------------------ default (fast) run
-@pytest.mark.slow  # the zoo's transformer_encoder case checks the same in the default run
 def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: pathlib.Path) -> None:
     """A TransformerEncoder: every node but the delegate's output getitem goes to XNNPACK, in
     one subgraph; the ONNX file keeps LayerNormalization (the rewrite is XNNPACK's alone), and

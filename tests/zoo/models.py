@@ -450,6 +450,7 @@ ZOO: tuple[Case, ...] = (
             "aten_any_dim", "aten_ne_scalar", "aten_where_self", "dim_order_ops__to_dim_order_copy_default"
         ),
         onnx_ops=_ops("Softmax"),
+        slow=True,  # test_attention.py's additive-mask variants check the same in the default run
     ),
     Case(
         "transformer_encoder",
@@ -468,6 +469,7 @@ ZOO: tuple[Case, ...] = (
             "sym_size",
         ),
         onnx_ops=_ops("LayerNormalization", "Softmax"),
+        slow=True,  # ~40 s on 2 cores; test_passes' static encoder checks it in the default run
     ),
     Case(
         "tied_embedding",
