@@ -197,6 +197,13 @@ def quantize_shared(
         record["quantized_ops"] = dict(
             sorted(Counter(_op(n) for n in prepared.graph.nodes if _annotated(n)).items())
         )
+        if dynamic and not record["quantized_ops"]:
+            raise InputError(
+                "quantize='int8-dynamic' found no linear layer to quantize: the files would be float "
+                "files labelled int8",
+                hint="int8-dynamic quantizes linear layers only; for convolutions use quantize='int8' "
+                "with calibration data",
+            )
         with torch.no_grad():
             # the weights' observers see the weights during a forward: dynamic activations need
             # no data, but without one call every weight scale stays the observer's default 1.0
