@@ -3,7 +3,7 @@ them, these fail first and say which assumption broke.
 
 Every private library symbol dualexport reaches is listed in a ``SEAMS`` table of
 ``dualexport.compat``; each is resolved here against the installed library (the failure names the
-symbol, the installed version and the compat function that reaches it), and the source outside
+symbol, the installed and the pinned version and the compat function that reaches it), and the source outside
 ``dualexport/compat`` is scanned for private names of those libraries."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import importlib.metadata
 import inspect
 import pathlib
 import re
+import tomllib
 import types
 from typing import Any
 
@@ -49,13 +50,35 @@ def _seams() -> list[tuple[str, Seam]]:
     return [(m, seam) for m in COMPAT_MODULES for seam in _compat(m).SEAMS]
 
 
+def _pins() -> dict[str, str]:
+    """distribution name (normalized) -> the version pyproject.toml pins it to (``==``)."""
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    specs = [
+        *project["dependencies"],
+        *(s for extra in project["optional-dependencies"].values() for s in extra),
+    ]
+    out = {}
+    for spec in specs:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;]+).*", spec)
+        if m:
+            out[_normalize(m.group(1))] = m.group(2)
+    return out
+
+
+def _normalize(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
 def _version(symbol: str) -> str:
+    """``torch 2.13.0 (pinned 2.13.0)``: which library moved, as installed and as the project pins it."""
     top = symbol.split(".")[0]
     dist = (importlib.metadata.packages_distributions().get(top) or [top])[0]
+    pinned = _pins().get(_normalize(dist))
+    pin = f"pinned {pinned}" if pinned else "not pinned by pyproject.toml"
     try:
-        return f"{dist} {importlib.metadata.version(dist)}"
+        return f"{dist} {importlib.metadata.version(dist)} ({pin})"
     except importlib.metadata.PackageNotFoundError:
-        return f"{dist} (not installed)"
+        return f"{dist} (not installed; {pin})"
 
 
 def _class_sets(cls: type, attr: str) -> bool:
@@ -100,13 +123,33 @@ def test_every_private_symbol_we_reach_still_exists(module: str, seam: Seam) -> 
     assert hasattr(compat, seam.via), (
         f"dualexport.compat.{module} lists {seam.symbol} via {seam.via}, which it lacks"
     )
+    problem = _missing(module, seam)
+    if problem is not None:
+        pytest.fail(problem)
+
+
+def _missing(module: str, seam: Seam) -> str | None:
+    """Why ``seam`` no longer resolves against the installed library, or None when it does."""
     try:
         _resolve(seam.symbol)
     except LookupError as exc:
-        pytest.fail(
+        return (
             f"{_version(seam.symbol)}: {seam.symbol} is gone ({exc}); dualexport.compat.{module}.{seam.via} "
             f"reaches it ({seam.use})"
         )
+    return None
+
+
+def test_a_symbol_that_moved_is_named_with_both_versions() -> None:
+    """The message a library upgrade would produce: the symbol, the installed version, the pin."""
+    gone = Seam("torch.export.exported_program._no_such_slot", "a slot torch never had", "set_weight_dicts")
+    message = _missing("torch", gone)
+    assert message is not None
+    assert "torch.export.exported_program._no_such_slot is gone" in message
+    assert (
+        f"torch {torch.__version__} (pinned 2.13.0)" in message and "compat.torch.set_weight_dicts" in message
+    )
+    assert _missing("torch", _seams()[0][1]) is None
 
 
 def _private(name: str) -> bool:
