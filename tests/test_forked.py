@@ -115,6 +115,19 @@ def test_worker_exception_crash_and_stall_return_none(monkeypatch: pytest.Monkey
     assert time.monotonic() - start < 30
 
 
+def test_an_interrupted_worker_interrupts_the_parent() -> None:
+    """Ctrl-C reaches the whole process group: the child's KeyboardInterrupt is not a failure to
+    lower again in-process from, the parent stops too."""
+
+    def interrupted() -> int:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        return 1
+
+    with pytest.raises(KeyboardInterrupt):
+        ForkedCall(interrupted, "interrupted").result()
+
+
 def test_auto_mode_stays_serial_for_big_weights() -> None:
     assert not parallel_worthwhile(forked.PARALLEL_WEIGHT_LIMIT + 1)
 

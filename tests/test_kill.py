@@ -230,6 +230,33 @@ def test_set_commit_failure_keeps_the_previous_set(tmp_path: pathlib.Path) -> No
     assert _contents(out) == before and leftovers(out) == []
 
 
+def test_a_swallowed_ctrl_c_still_stops_the_commit(tmp_path: pathlib.Path) -> None:
+    """Library code that catches KeyboardInterrupt (a bare ``except:``) cannot make a set publish
+    after a SIGINT: the latch remembers the signal, the commit raises it again, the previous set
+    stays and nothing is staged; after the block the process's SIGINT handler is the one before."""
+    from dualexport.outputs import artifact_set
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_set(out, "old")
+    before = _contents(out)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with artifact_set(out, "s") as tx:
+            (tx.dir / "s.onnx").write_text("new")
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                pass  # what a library's bare except does
+            (tx.dir / "s.pte").write_text("new")
+    assert _contents(out) == before and leftovers(out) == []
+    assert signal.getsignal(signal.SIGINT) is handler
+    with artifact_set(out, "s") as tx:  # the next export is not haunted by the old signal
+        (tx.dir / "s.onnx").write_text("next")
+    assert _contents(out)["s.onnx"] == "next"
+
+
 def test_sigkill_between_renames_is_rolled_forward(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

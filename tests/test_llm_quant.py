@@ -27,6 +27,7 @@ import dualexport as dx
 from dualexport.errors import InputError
 from dualexport.llm.parity import QUANTIZED_TOLERANCE, generation_parity
 from dualexport.llm.quantize import SCHEMES, quantized_weights
+from dualexport.shared_state.quantize import is_quantized, quantized_outputs
 from test_llm import COMMON, make_model, prompts
 
 T = 32
@@ -317,6 +318,10 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     assert "2.weight" in program.state_dict and "0.weight" not in program.state_dict
     assert set(program.graph_module.meta[FLOAT_LINEARS_KEY]) == {"2.weight"}
     assert "2.weight is not quantized" in caplog.text
+    # the proof and compare judge its output as a quantized program's (float after the last
+    # dequantize: the SNR requirement), not by the fp32 table, which failed correct int4 files
+    # of a 576-wide decoder (SNR 50 dB)
+    assert is_quantized(program) and quantized_outputs(program) == {0: None}
     with torch.no_grad():
         want, got = model(x), program.module()(x)
     err = float((got - want).abs().max())

@@ -11,7 +11,9 @@ both lowerings are pure Python under the GIL. Why it is safe enough:
   whose lock another thread may have held at the fork;
 * a child whose CPU time stops advancing for ``STALL_SECONDS`` is taken as deadlocked and killed;
 * whenever the child fails, for whatever reason, :meth:`ForkedCall.result` returns ``None`` and the
-  caller runs the work in-process, so errors and their messages are the in-process ones.
+  caller runs the work in-process, so errors and their messages are the in-process ones; except a
+  Ctrl-C (SIGINT reaches the whole process group): the child reports it and the parent raises
+  ``KeyboardInterrupt`` instead of lowering again.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class ForkedCall(Generic[T]):
                 torch.set_num_threads(1)
                 payload = pickle.dumps(("ok", fn()), protocol=pickle.HIGHEST_PROTOCOL)
                 status = 0
+            except KeyboardInterrupt:  # the terminal's Ctrl-C reached the whole process group
+                payload = pickle.dumps(("interrupted", "KeyboardInterrupt"))
             except BaseException as exc:
                 payload = pickle.dumps(("error", f"{type(exc).__name__}: {exc}"))
             try:
@@ -135,6 +139,8 @@ class ForkedCall(Generic[T]):
             kind, value = pickle.loads(b"".join(chunks))
         except Exception:
             kind, value = "error", f"exit code {os.waitstatus_to_exitcode(status)}"
+        if kind == "interrupted":  # not a failure to fall back from: the user asked to stop
+            raise KeyboardInterrupt
         if kind != "ok" or os.waitstatus_to_exitcode(status) != 0:
             logger.warning("%s: forked worker failed (%s); running in-process", self.label, value)
             return None

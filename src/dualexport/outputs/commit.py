@@ -34,6 +34,7 @@ from .atomic import (
     remove_dead_leftovers,
     staging_dir,
 )
+from .interrupts import interrupt_latch, raise_if_interrupted
 from .lock import export_lock
 from .paths import safe_child
 from .space import check_free_space
@@ -235,13 +236,15 @@ def artifact_set(out_dir: pathlib.Path, name: str, *, need_bytes: int = 0) -> It
     """Lock ``out_dir``/``name``, finish any interrupted commit, check free space, and stage.
 
     The block writes into ``tx.dir``; a clean exit commits the set, an exception (or a kill)
-    leaves the previous set untouched.
+    leaves the previous set untouched. A SIGINT during the block prevents the commit even when
+    the ``KeyboardInterrupt`` it raised was swallowed on the way (``interrupts``).
     """
     out_dir = pathlib.Path(out_dir)
-    with export_lock(out_dir, name):
+    with interrupt_latch(), export_lock(out_dir, name):
         recover(out_dir, name)
         check_free_space(out_dir, need_bytes)
         with staging_dir(out_dir) as staging:
             tx = ArtifactSet(out_dir, name, staging)
             yield tx
+            raise_if_interrupted()  # a Ctrl-C that library code swallowed: no commit
             tx.commit()

@@ -18,7 +18,7 @@ import torch
 from ..exporters import ExportOptions, get_exporter
 from ..exporters.cache import link_previous_files, previous_manifest, target_cache_key
 from ..exporters.forked import parallel_worthwhile
-from ..outputs import atomic_write_text
+from ..outputs import atomic_write_text, raise_if_interrupted
 from ..parity.inputs import save_inputs
 from ..shared_state import SharedProgram
 from ..shared_state.contract import edge_sizes, flatten_inputs
@@ -216,6 +216,7 @@ def _run_jobs(
                 if t in lowering:
                     job.start()
                 outcomes[t] = job.finish()
+                raise_if_interrupted()  # a Ctrl-C a library swallowed stops here, not at the commit
         if background is not None:
             outcomes[background] = jobs[background].finish()
     finally:

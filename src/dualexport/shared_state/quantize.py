@@ -49,6 +49,7 @@ __all__ = [
 SCHEMES: tuple[str, ...] = ("int8", "int8-dynamic")
 
 _QD = "quantized_decomposed."
+_TORCHAO = "torchao."
 _DEQUANT = ("quantized_decomposed.dequantize_per_tensor", "quantized_decomposed.dequantize_per_channel")
 #: Ops the report does not list as "left in float": they move or select values, compute nothing.
 _MOVES = frozenset(
@@ -298,9 +299,16 @@ def _positional(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[
     return tuple(flat)
 
 
+def _quantization_op(target: object) -> bool:
+    """A quantize, dequantize or choose-qparams op: PT2E's (``quantized_decomposed``, the int8
+    exports) or torchao's (``torchao.*_affine``, the decoders' int4/int8 linears)."""
+    name = str(target)
+    return name.startswith(_QD) or (name.startswith(_TORCHAO) and "_affine" in name)
+
+
 def is_quantized(program: torch.export.ExportedProgram) -> bool:
-    """Whether the program holds quantize/dequantize ops (an int8 export)."""
-    return any(n.op == "call_function" and str(n.target).startswith(_QD) for n in program.graph.nodes)
+    """Whether the program holds quantize/dequantize ops (an int8 export, a quantized decoder)."""
+    return any(n.op == "call_function" and _quantization_op(n.target) for n in program.graph.nodes)
 
 
 def _user_output_nodes(program: torch.export.ExportedProgram) -> list[torch.fx.Node | None]:
@@ -331,7 +339,7 @@ def quantized_outputs(program: torch.export.ExportedProgram) -> dict[int, float 
     for node in program.graph.nodes:
         if node.op != "call_function":
             continue
-        if str(node.target).startswith(_QD) or any(a.name in quantized for a in node.all_input_nodes):
+        if _quantization_op(node.target) or any(a.name in quantized for a in node.all_input_nodes):
             quantized.add(node.name)
     out: dict[int, float | None] = {}
     for i, node in enumerate(_user_output_nodes(program)):

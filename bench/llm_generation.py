@@ -1,0 +1,353 @@
+"""Generation speed and memory of ``dx.export_llm`` files against what a user would pick instead,
+measured in one run (issue 19, item 7).
+
+One decoder (SmolLM2-135M's shape by default, random seeded weights), fp32 and int4, on both
+runtimes:
+
+* **dualexport**: ``dx.export_llm(model, max_seq_len=...)`` and ``quantize="int4"`` (8-bit dynamic
+  activations, int4 weights in groups of 32; one set of codes in both files);
+* **ONNX Runtime anchor**: onnxruntime-genai's model builder (``python -m
+  onnxruntime_genai.models.builder -i FOLDER -p fp32|int4 -e cpu``) on the same weights saved as a
+  local model folder, run by onnxruntime-genai's own generator loop;
+* **ExecuTorch anchor**: the plain library path on the same cache wrapper: ``torch.export``,
+  ``to_edge_transform_and_lower(XnnpackPartitioner())``, ``to_executorch``; int4 as ExecuTorch's
+  ``export_llama -qmode 8da4w`` quantizes (torchao ``quantize_`` with
+  ``Int8DynamicActivationIntxWeightConfig(int4, PerGroup(32))`` on every linear the group divides).
+
+Each file is measured in a child process of its own (peak RSS is that process's; the figure after
+imports is printed beside it, since the dualexport runners import torch and onnxruntime-genai does
+not): prefill tokens/s over the prompt, decode tokens/s as the median of single-token steps, and the
+greedy tokens (the fp32 rows should agree with each other). Export times are wall seconds on this
+machine.
+
+Run: ``python bench/llm_generation.py [--layers N] [--prompt P] [--new N] [--max-seq-len T]``;
+not part of ``make bench`` (six exports of a 135M model take tens of minutes on 2 cores).
+``--layers 4`` keeps the shape of every layer and shortens the stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+
+
+# ----------------------------------------------------------------------------- the model
+def smollm2_135m(layers: int) -> Any:
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def save_folder(model: Any, folder: pathlib.Path) -> None:
+    """The model as a local folder the builder reads: weights, config and a word-level tokenizer
+    (the builder writes the tokenizer beside the model; generation here feeds ids directly)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model.save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(model.config.vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2"
+    )
+    fast.save_pretrained(folder)
+
+
+# ----------------------------------------------------------------------------- the exports
+def export_dualexport(
+    model: Any, out: pathlib.Path, max_seq_len: int, quantize: str | None
+) -> dict[str, Any]:
+    import dualexport as dx
+
+    t = time.perf_counter()
+    res = dx.export_llm(model, max_seq_len=max_seq_len, out_dir=out, name="m", quantize=quantize)
+    seconds = time.perf_counter() - t
+    if res.errors:
+        raise SystemExit(f"dualexport export failed: {dict(res.errors)}")
+    d = res.artifacts["xnnpack"].delegation
+    return {
+        "seconds": seconds,
+        "onnx": str(res.artifacts["onnx"].path),
+        "pte": str(res.artifacts["xnnpack"].path),
+        "delegation": f"{100 * d.delegated_share:.1f}% in {d.subgraphs} subgraph(s)" if d else "?",
+    }
+
+
+def export_plain_executorch(model: Any, out: pathlib.Path, max_seq_len: int, int4: bool) -> dict[str, Any]:
+    """The libraries alone on the same wrapper (``index_copy`` cache update, no dualexport pass)."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from dualexport.llm.wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
+
+    t = time.perf_counter()
+    layout = probe_layout(model, max_seq_len)
+    if int4:
+        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+
+        model = copy.deepcopy(model)
+        quantize_(
+            model,
+            Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32)),
+            filter_fn=lambda m, _: isinstance(m, torch.nn.Linear) and m.weight.shape[1] % 32 == 0,
+        )
+    wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
+    with torch.no_grad():
+        program = torch.export.export(wrapper, example_inputs(layout), dynamic_shapes=dynamic_shapes(layout))
+        lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        et = lowered.to_executorch()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "m.pte"
+    path.write_bytes(et.buffer)
+    return {"seconds": time.perf_counter() - t, "pte": str(path), "layout": layout.to_json()}
+
+
+def export_genai(folder: pathlib.Path, out: pathlib.Path, precision: str) -> dict[str, Any]:
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out)]
+    cmd += ["-p", precision, "-e", "cpu", "-c", str(out.parent / "genai_cache")]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"onnxruntime-genai builder failed:\n{run.stderr[-3000:]}")
+    return {"seconds": time.perf_counter() - t, "folder": str(out)}
+
+
+# ----------------------------------------------------------------------------- measuring (child)
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure_dualexport_session(
+    path: str, layout_json: str | None, prompt: list[int], new: int
+) -> dict[str, Any]:
+    import torch  # noqa: F401  (imports counted in the baseline)
+
+    from dualexport.llm import DecoderSession
+    from dualexport.llm.layout import LlmLayout
+    from dualexport.runtimes import open_runner
+
+    base = _rss_mb()
+    if layout_json is None:
+        session = DecoderSession.open(path)
+    else:
+        session = DecoderSession(
+            open_runner("xnnpack", path, isolated=False), LlmLayout.from_json(layout_json)
+        )
+    session.step(prompt[:4])  # warm-up
+    session.reset()
+    t0 = time.perf_counter()
+    logits = session.step(prompt)[-1]
+    prefill = time.perf_counter() - t0
+    tokens, steps = [], []
+    for _ in range(new):
+        tokens.append(int(logits.argmax()))
+        t = time.perf_counter()
+        logits = session.step([tokens[-1]])[-1]
+        steps.append(time.perf_counter() - t)
+    return _row(len(prompt) / prefill, steps, tokens, base)
+
+
+def measure_genai(folder: str, prompt: list[int], new: int) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    base = _rss_mb()
+    model = og.Model(folder)
+
+    def generator(max_length: int) -> Any:
+        params = og.GeneratorParams(model)
+        # greedy; min_length keeps an end-of-sequence id of the random weights from stopping early
+        params.set_search_options(do_sample=False, max_length=max_length, min_length=max_length)
+        return og.Generator(model, params)
+
+    warm = generator(8)
+    warm.append_tokens(np.array([prompt[:4]], dtype=np.int32))
+    del warm
+    gen = generator(len(prompt) + new)
+    t0 = time.perf_counter()
+    gen.append_tokens(np.array([prompt], dtype=np.int32))
+    prefill = time.perf_counter() - t0
+    tokens, steps = [int(gen.get_next_tokens()[0])], []
+    for _ in range(new - 1):
+        t = time.perf_counter()
+        gen.generate_next_token()
+        steps.append(time.perf_counter() - t)
+        tokens.append(int(gen.get_next_tokens()[0]))
+    return _row(len(prompt) / prefill, steps, tokens, base)
+
+
+def _row(prefill: float, steps: list[float], tokens: list[int], base: float) -> dict[str, Any]:
+    return {
+        "prefill": prefill,
+        "decode": 1 / statistics.median(steps),
+        "tokens": tokens,
+        "rss": _rss_mb(),
+        "base": base,
+    }
+
+
+def measure(kind: str, path: str, layout: str | None, prompt: list[int], new: int) -> dict[str, Any]:
+    """One file in a fresh child process: its own peak RSS, no cache shared with another run."""
+    args = [sys.executable, __file__, "--measure", kind, path, "--prompt-ids", ",".join(map(str, prompt))]
+    args += ["--new", str(new)] + (["--layout", layout] if layout else [])
+    run = subprocess.run(args, capture_output=True, text=True)
+    if run.returncode != 0:
+        return {
+            "error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"
+        }
+    row: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return row
+
+
+def child(ns: argparse.Namespace) -> None:
+    prompt = [int(x) for x in ns.prompt_ids.split(",")]
+    kind, path = ns.measure
+    if kind == "genai":
+        row = measure_genai(path, prompt, ns.new)
+    else:
+        row = measure_dualexport_session(path, ns.layout, prompt, ns.new)
+    print(json.dumps(row))
+
+
+# ----------------------------------------------------------------------------- the run
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--measure", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
+    ap.add_argument("--layout", help=argparse.SUPPRESS)
+    ns = ap.parse_args()
+    if ns.measure:
+        return child(ns)
+    _run(ns)
+
+
+def _run(ns: argparse.Namespace) -> None:
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    out = pathlib.Path(ns.out or tempfile.mkdtemp(prefix="llm_generation_"))
+    model = smollm2_135m(ns.layers)
+    params = sum(p.numel() for p in model.parameters())
+    prompt = torch.randint(
+        3, model.config.vocab_size, (ns.prompt,), generator=torch.Generator().manual_seed(1)
+    )
+    prompt_ids = prompt.tolist()
+    print(
+        f"SmolLM2-135M shape, {ns.layers} layers ({params / 1e6:.0f} M parameters), max_seq_len "
+        f"{ns.max_seq_len}, prompt {ns.prompt}, {ns.new} new tokens, {os.cpu_count()} cores, files in {out}",
+        flush=True,
+    )
+    save_folder(model, out / "hf")
+    exports: dict[str, dict[str, Any]] = {}
+    for precision in ("fp32", "int4"):
+        quantize = None if precision == "fp32" else "int4"
+        exports[f"dualexport {precision}"] = export_dualexport(
+            model, out / f"dx_{precision}", ns.max_seq_len, quantize
+        )
+        exports[f"plain ExecuTorch {precision}"] = export_plain_executorch(
+            model, out / f"et_{precision}", ns.max_seq_len, precision == "int4"
+        )
+        exports[f"onnxruntime-genai {precision}"] = export_genai(
+            out / "hf", out / f"genai_{precision}", precision
+        )
+    for name, e in exports.items():
+        extra = f", XNNPACK {e['delegation']}" if "delegation" in e else ""
+        print(f"export {name:24s} {e['seconds']:7.1f} s{extra}", flush=True)
+    rows = _measure_all(exports, prompt_ids, ns.new)
+    _print(rows)
+
+
+def _measure_all(
+    exports: dict[str, dict[str, Any]], prompt: list[int], new: int
+) -> dict[tuple[str, str], Any]:
+    rows: dict[tuple[str, str], Any] = {}
+    for precision in ("fp32", "int4"):
+        dx_files = exports[f"dualexport {precision}"]
+        plain = exports[f"plain ExecuTorch {precision}"]
+        genai = exports[f"onnxruntime-genai {precision}"]
+        rows["ORT", f"dualexport {precision}"] = measure("dx", dx_files["onnx"], None, prompt, new)
+        rows["ORT", f"onnxruntime-genai {precision}"] = measure("genai", genai["folder"], None, prompt, new)
+        rows["ExecuTorch", f"dualexport {precision}"] = measure("dx", dx_files["pte"], None, prompt, new)
+        rows["ExecuTorch", f"plain ExecuTorch {precision}"] = measure(
+            "dx", plain["pte"], plain["layout"], prompt, new
+        )
+    return rows
+
+
+def _print(rows: dict[tuple[str, str], Any]) -> None:
+    reference = rows.get(("ORT", "dualexport fp32"), {}).get("tokens")
+    print(
+        f"\n{'runtime':11s} {'file':26s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'peak RSS':>9s} "
+        f"{'(after imports)':>15s}  tokens vs dualexport fp32 ORT"
+    )
+    for (runtime, name), row in rows.items():
+        if "error" in row:
+            print(f"{runtime:11s} {name:26s} FAILED: {row['error']}")
+            continue
+        same = sum(a == b for a, b in zip(row["tokens"], reference or [], strict=False))
+        print(
+            f"{runtime:11s} {name:26s} {row['prefill']:13.1f} {row['decode']:12.2f} {row['rss']:7.0f} MB "
+            f"{row['base']:12.0f} MB  {same}/{len(row['tokens'])} equal"
+        )
+    print()
+    for runtime, anchor in (("ORT", "onnxruntime-genai"), ("ExecuTorch", "plain ExecuTorch")):
+        for precision in ("fp32", "int4"):
+            ours, theirs = rows[runtime, f"dualexport {precision}"], rows[runtime, f"{anchor} {precision}"]
+            if "error" in ours or "error" in theirs:
+                continue
+            print(
+                f"{runtime:10s} {precision}: dualexport / {anchor}: decode {ours['decode'] / theirs['decode']:.2f}x, "
+                f"prefill {ours['prefill'] / theirs['prefill']:.2f}x, peak RSS above imports "
+                f"{(ours['rss'] - ours['base']) / max(theirs['rss'] - theirs['base'], 1):.2f}x"
+            )
+        fp32, int4 = rows[runtime, "dualexport fp32"], rows[runtime, "dualexport int4"]
+        if "error" not in fp32 and "error" not in int4:
+            print(
+                f"{runtime:10s} dualexport int4 / fp32: decode {int4['decode'] / fp32['decode']:.2f}x, "
+                f"prefill {int4['prefill'] / fp32['prefill']:.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
