@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import pathlib
-import resource
 import statistics
 import subprocess
 import sys
@@ -146,7 +145,13 @@ def export_genai(folder: pathlib.Path, out: pathlib.Path, precision: str) -> dic
 
 # ----------------------------------------------------------------------------- measuring (child)
 def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS (VmHWM starts again at exec; ``ru_maxrss`` would carry the
+    parent's peak, the exporting process's, into every child)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def measure_dualexport_session(
@@ -316,16 +321,16 @@ def _measure_all(
 
 
 def _print(rows: dict[tuple[str, str], Any]) -> None:
-    reference = rows.get(("ORT", "dualexport fp32"), {}).get("tokens")
     print(
         f"\n{'runtime':11s} {'file':26s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'peak RSS':>9s} "
-        f"{'(after imports)':>15s}  tokens vs dualexport fp32 ORT"
+        f"{'(after imports)':>15s}  greedy tokens vs dualexport's ONNX file"
     )
     for (runtime, name), row in rows.items():
         if "error" in row:
             print(f"{runtime:11s} {name:26s} FAILED: {row['error']}")
             continue
-        same = sum(a == b for a, b in zip(row["tokens"], reference or [], strict=False))
+        reference = rows.get(("ORT", f"dualexport {name.split()[-1]}"), {}).get("tokens") or []
+        same = sum(a == b for a, b in zip(row["tokens"], reference, strict=False))
         print(
             f"{runtime:11s} {name:26s} {row['prefill']:13.1f} {row['decode']:12.2f} {row['rss']:7.0f} MB "
             f"{row['base']:12.0f} MB  {same}/{len(row['tokens'])} equal"

@@ -1,0 +1,266 @@
+"""int8 on transformers, both runtimes, against what a user would run instead, in one run
+(issue 24, item 5).
+
+Models (random seeded weights, transformers' default attention): a BERT-base-shaped encoder
+(hidden 768, 12 heads, FFN 3072, ``input_ids`` + padding ``attention_mask``, sequence 128), a
+ViT-S-shaped classifier backbone (hidden 384, 6 heads, FFN 1536, 224 px, patch 16) and a
+135M decoder (SmolLM2-135M's shape, full-sequence forward, 128 tokens). ``--layers N`` keeps each
+layer's shape and shortens the stack (the published table says which it used).
+
+Per model, latency per call (min/median/max over batches, after a warm-up) and file sizes of:
+
+* dualexport float, static int8 (PT2E, 8 calibration batches) and dynamic int8 (``int8-dynamic``:
+  per-channel int8 weights, activations quantized at run time), each on ONNX Runtime and ExecuTorch;
+* ONNX Runtime's own ``quantize_dynamic`` (per-channel int8 weights) on plain ``torch.onnx.export``'s
+  float file;
+* ExecuTorch's plain PT2E flow (``prepare_pt2e``/``convert_pt2e`` with the XNNPACKQuantizer's
+  dynamic per-channel config, ``to_edge_transform_and_lower``), where it works (text models fail
+  with the mask's integer ops: the failure is printed).
+
+Each file's output is compared with the float model's (cosine), so a fast but wrong file shows.
+
+Run: ``python bench/int8_transformers.py [--layers N] [--models bert vit decoder]``; not part of
+``make bench`` (a BERT-base exported three times takes tens of minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from _common import fmt, quiet  # noqa: E402
+from _plain import latency, ort_runner, plain_lower, plain_onnx  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- models
+class _Text(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
+        return out[0]
+
+
+class _Vision(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, return_dict=False)[0]
+
+
+def _text_inputs(vocab: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, seq), generator=g)
+    mask = torch.ones(1, seq, dtype=torch.long)
+    mask[0, seq - seq // 8 :] = 0  # a padded tail
+    return ids, mask
+
+
+def bert(layers: int) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...]]]:
+    import transformers
+
+    cfg = transformers.BertConfig(num_hidden_layers=layers)  # bert-base-uncased's shape
+    torch.manual_seed(0)
+    return _Text(transformers.BertModel(cfg, add_pooling_layer=False).eval()).eval(), lambda s: _text_inputs(
+        cfg.vocab_size, 128, s
+    )
+
+
+def vit(layers: int) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...]]]:
+    import transformers
+
+    cfg = transformers.ViTConfig(
+        hidden_size=384, num_hidden_layers=layers, num_attention_heads=6, intermediate_size=1536
+    )
+    torch.manual_seed(0)
+    model = _Vision(transformers.ViTModel(cfg, add_pooling_layer=False).eval()).eval()
+    return model, lambda s: (torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(s)),)
+
+
+def decoder(layers: int) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...]]]:
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = _Text(transformers.LlamaForCausalLM(cfg).eval()).eval()
+    return model, lambda s: _text_inputs(cfg.vocab_size, 128, s)
+
+
+MODELS = {"bert": bert, "vit": vit, "decoder": decoder}
+
+
+# ----------------------------------------------------------------------------- files
+def _dx(model: nn.Module, args: tuple[Any, ...], out: pathlib.Path, quantize: str | None, calib: Any) -> Any:
+    import dualexport as dx
+
+    t = time.perf_counter()
+    res = dx.export(model, args, out_dir=out, name="m", quantize=quantize, calibration=calib, cache=False)
+    seconds = time.perf_counter() - t
+    if res.errors:
+        return f"failed: {dict(res.errors)}"
+    return {t: res.artifacts[t].path for t in res.artifacts}, seconds
+
+
+def _ort_quantize_dynamic(model: nn.Module, args: tuple[Any, ...], out: pathlib.Path) -> pathlib.Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out.mkdir(parents=True, exist_ok=True)
+    plain_onnx(model, args, out / "plain.onnx")
+    quantize_dynamic(
+        str(out / "plain.onnx"), str(out / "plain.int8.onnx"), weight_type=QuantType.QInt8, per_channel=True
+    )
+    return out / "plain.int8.onnx"
+
+
+def _plain_pt2e(model: nn.Module, args: tuple[Any, ...], out: pathlib.Path) -> pathlib.Path:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+    )
+    graph = torch.export.export(model, args).module()
+    prepared = prepare_pt2e(graph, quantizer)
+    prepared(*args)
+    converted = convert_pt2e(prepared)
+    edge = plain_lower(torch.export.export(converted, args))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "plain.int8.pte"
+    with open(path, "wb") as f:
+        edge.to_executorch().write_to_file(f)
+    return path
+
+
+def _float_output(model: nn.Module, args: tuple[Any, ...]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(*args).float()
+
+
+def et_runner(path: pathlib.Path, inputs: list[torch.Tensor]) -> Callable[[], Any]:
+    """dualexport's ExecuTorch runner for every .pte (a big program keeps its weights in a .ptd,
+    which ``executorch.runtime`` 1.4.1 cannot take: it crashes loading the method without it)."""
+    from dualexport.runtimes.executorch import ExecuTorchRunner
+
+    runner = ExecuTorchRunner(path)
+    return lambda: runner.run(inputs)
+
+
+def _cosine(a: Any, b: torch.Tensor) -> float:
+    a = torch.as_tensor(a).float().flatten()
+    return min(1.0, float(torch.nn.functional.cosine_similarity(a.double(), b.flatten().double(), dim=0)))
+
+
+# ----------------------------------------------------------------------------- the run
+def run_model(name: str, layers: int, out: pathlib.Path, calls: int) -> None:
+    model, inputs = MODELS[name](layers)
+    args = inputs(0)
+    want = _float_output(model, args)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"\n== {name}: {layers} layers, {params / 1e6:.0f} M parameters", flush=True)
+    calib = [inputs(s) for s in range(1, 9)]
+    files: dict[str, dict[str, pathlib.Path]] = {}
+    for label, quantize in (
+        ("dx float", None),
+        ("dx static int8", "int8"),
+        ("dx dynamic int8", "int8-dynamic"),
+    ):
+        done = _dx(
+            model, args, out / name / label.replace(" ", "_"), quantize, calib if quantize == "int8" else None
+        )
+        if isinstance(done, str):
+            print(f"{label}: {done}")
+            continue
+        files[label], seconds = done
+        print(f"export {label:18s} {seconds:6.1f} s", flush=True)
+    for label, make in (
+        ("ORT quantize_dynamic", lambda: {"onnx": _ort_quantize_dynamic(model, args, out / name / "ort")}),
+        ("plain PT2E dynamic", lambda: {"xnnpack": _plain_pt2e(model, args, out / name / "pt2e")}),
+    ):
+        t = time.perf_counter()
+        try:
+            files[label] = make()
+            print(f"export {label:18s} {time.perf_counter() - t:6.1f} s", flush=True)
+        except Exception as exc:  # the plain flow's own failure is a result here
+            print(f"{label}: fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    _measure(files, args, want, calls)
+
+
+def _measure(
+    files: dict[str, dict[str, pathlib.Path]], args: tuple[Any, ...], want: torch.Tensor, calls: int
+) -> None:
+    rows: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for label, by_target in files.items():
+        for target, path in by_target.items():
+            runner = (ort_runner if target == "onnx" else et_runner)(path, list(args))
+            got = runner()
+            cos = _cosine(got[0], want)
+            rows[label, target] = latency(runner, calls=calls)
+            size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+            print(
+                f"{label:22s} {target:8s} {size / 1e6:8.1f} MB  cosine vs float {cos:.5f}  {fmt(rows[label, target])}",
+                flush=True,
+            )
+    for target in ("onnx", "xnnpack"):
+        base = rows.get(("dx float", target))
+        for label in ("dx static int8", "dx dynamic int8"):
+            if base and (label, target) in rows:
+                print(f"{target:8s} {label} / dx float: median {rows[label, target][1] / base[1]:.2f}x")
+    anchor = rows.get(("ORT quantize_dynamic", "onnx"))
+    if anchor and ("dx dynamic int8", "onnx") in rows:
+        print(
+            f"onnx     dx dynamic int8 / ORT quantize_dynamic: median {rows['dx dynamic int8', 'onnx'][1] / anchor[1]:.2f}x"
+        )
+    anchor = rows.get(("plain PT2E dynamic", "xnnpack"))
+    if anchor and ("dx dynamic int8", "xnnpack") in rows:
+        print(
+            f"xnnpack  dx dynamic int8 / plain PT2E dynamic: median "
+            f"{rows['dx dynamic int8', 'xnnpack'][1] / anchor[1]:.2f}x"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=12, help="layers per model (the decoder keeps at most 30)")
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    ns = ap.parse_args()
+    quiet()
+    out = pathlib.Path(ns.out or tempfile.mkdtemp(prefix="int8_transformers_"))
+    print(f"{os.cpu_count()} cores, torch threads {torch.get_num_threads()}, files in {out}")
+    for name in ns.models:
+        run_model(name, ns.layers, out, ns.calls)
+
+
+if __name__ == "__main__":
+    main()
