@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def timed(fn: Callable[[], object], repeats: int = 5) -> tuple[float, float, float]:
@@ -58,3 +59,29 @@ def quiet() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+
+
+def greedy_timing(session: Any, prompt: list[int], new: int) -> tuple[float, list[float], list[int]]:
+    """A decoder session (``step(ids) -> logits``, ``reset()``): after a short warm-up, the
+    seconds of the prompt's prefill, of each single-token greedy step, and the tokens."""
+    session.step(prompt[:4])
+    session.reset()
+    t0 = time.perf_counter()
+    logits = session.step(prompt)[-1]
+    prefill = time.perf_counter() - t0
+    tokens, steps = [], []
+    for _ in range(new):
+        tokens.append(int(logits.argmax()))
+        t = time.perf_counter()
+        logits = session.step([tokens[-1]])[-1]
+        steps.append(time.perf_counter() - t)
+    return prefill, steps, tokens
+
+
+def add_decoder_args(ap: Any) -> None:
+    """The decoder benchmarks' common options: SmolLM2-135M's depth, the cache and the run."""
+    ap.add_argument("--layers", type=int, default=30, help="layers (each of the model's shape)")
+    ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+    ap.add_argument("--new", type=int, default=64, help="greedy tokens after the prompt")
+    ap.add_argument("--out", default=None, help="keep the files here")

@@ -111,3 +111,28 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 MODELS: dict[str, Any] = {"encoder": encoder, "bert": bert}
+
+
+def smollm2_135m(layers: int = 30) -> nn.Module:
+    """A decoder of SmolLM2-135M's shape (hidden 576, 9 heads of 64, 3 KV heads, FFN 1536,
+    vocabulary 49152, tied head), random seeded weights; ``layers`` shortens the stack and keeps
+    each layer's shape (the model has 30)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()

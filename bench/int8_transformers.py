@@ -43,6 +43,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from _common import fmt, quiet  # noqa: E402
+from _models import smollm2_135m  # noqa: E402
 from _plain import latency, ort_runner, plain_lower, plain_onnx  # noqa: E402
 
 
@@ -96,21 +97,8 @@ def vit(layers: int) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...
 
 
 def decoder(layers: int) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, ...]]]:
-    import transformers
-
-    cfg = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = _Text(transformers.LlamaForCausalLM(cfg).eval()).eval()
-    return model, lambda s: _text_inputs(cfg.vocab_size, 128, s)
+    model = smollm2_135m(min(layers, 30))
+    return _Text(model).eval(), lambda s: _text_inputs(model.config.vocab_size, 128, s)
 
 
 MODELS = {"bert": bert, "vit": vit, "decoder": decoder}

@@ -35,24 +35,9 @@ import torch  # noqa: E402
 import dualexport as dx  # noqa: E402
 from dualexport.llm import DecoderSession  # noqa: E402
 
-
-def smollm2_135m(layers: int) -> torch.nn.Module:
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _common import add_decoder_args, greedy_timing  # noqa: E402
+from _models import smollm2_135m  # noqa: E402
 
 
 class BufferCacheDecoder(torch.nn.Module):
@@ -88,18 +73,7 @@ def _in_place(k: torch.Tensor, v: torch.Tensor, position: torch.Tensor) -> Any:
 
 
 def run_a(path: pathlib.Path, prompt: list[int], new: int) -> tuple[float, float, list[int]]:
-    session = DecoderSession.open(path)
-    session.generate(prompt[:4], 2, stop_at_eos=False)  # warm-up
-    session.reset()
-    t0 = time.perf_counter()
-    logits = session.step(prompt)[-1]
-    prefill = time.perf_counter() - t0
-    tokens, steps = [], []
-    for _ in range(new):
-        tokens.append(int(logits.argmax()))
-        t = time.perf_counter()
-        logits = session.step([tokens[-1]])[-1]
-        steps.append(time.perf_counter() - t)
+    prefill, steps, tokens = greedy_timing(DecoderSession.open(path), prompt, new)
     return len(prompt) / prefill, 1 / statistics.median(steps), tokens
 
 
@@ -127,11 +101,7 @@ def run_b(target: str, path: pathlib.Path, prompt: list[int], new: int) -> tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--max-seq-len", type=int, default=512)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--out", default=None)
+    add_decoder_args(ap)
     ns = ap.parse_args()
     out = pathlib.Path(ns.out or tempfile.mkdtemp(prefix="llm_decode_"))
     model = smollm2_135m(ns.layers)

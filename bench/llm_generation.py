@@ -42,31 +42,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 # ----------------------------------------------------------------------------- the model
-def smollm2_135m(layers: int) -> Any:
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=layers,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
-
-
 def save_folder(model: Any, folder: pathlib.Path) -> None:
     """The model as a local folder the builder reads: weights, config and a word-level tokenizer
     (the builder writes the tokenizer beside the model; generation here feeds ids directly)."""
@@ -159,6 +138,7 @@ def measure_dualexport_session(
 ) -> dict[str, Any]:
     import torch  # noqa: F401  (imports counted in the baseline)
 
+    from _common import greedy_timing
     from dualexport.llm import DecoderSession
     from dualexport.llm.layout import LlmLayout
     from dualexport.runtimes import open_runner
@@ -170,17 +150,7 @@ def measure_dualexport_session(
         session = DecoderSession(
             open_runner("xnnpack", path, isolated=False), LlmLayout.from_json(layout_json)
         )
-    session.step(prompt[:4])  # warm-up
-    session.reset()
-    t0 = time.perf_counter()
-    logits = session.step(prompt)[-1]
-    prefill = time.perf_counter() - t0
-    tokens, steps = [], []
-    for _ in range(new):
-        tokens.append(int(logits.argmax()))
-        t = time.perf_counter()
-        logits = session.step([tokens[-1]])[-1]
-        steps.append(time.perf_counter() - t)
+    prefill, steps, tokens = greedy_timing(session, prompt, new)
     return _row(len(prompt) / prefill, steps, tokens, base)
 
 
@@ -248,12 +218,10 @@ def child(ns: argparse.Namespace) -> None:
 
 # ----------------------------------------------------------------------------- the run
 def main() -> None:
+    from _common import add_decoder_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=30)
-    ap.add_argument("--max-seq-len", type=int, default=512)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--out", default=None)
+    add_decoder_args(ap)
     ap.add_argument("--measure", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     ap.add_argument("--layout", help=argparse.SUPPRESS)
@@ -268,6 +236,8 @@ def _run(ns: argparse.Namespace) -> None:
     import warnings
 
     import torch
+
+    from _models import smollm2_135m  # imports torch: not in the measuring children
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
