@@ -180,3 +180,18 @@ def test_a_transform_that_narrows_a_range_is_refused(tmp_path: pathlib.Path) -> 
             dynamic_shapes=({0: Dim("b", min=1, max=8)},),
         )
     assert not [p for p in out.iterdir() if p.name.startswith("m.")]
+
+
+def test_a_program_eager_pytorch_cannot_run_is_the_inputs_problem(tmp_path: pathlib.Path) -> None:
+    """torch.export traced an int64 tensor into a float Linear (3-D input, one dim AUTO: the fake
+    kernels did not check the dtype); eager PyTorch cannot run it. Found by the fuzz test: a raw
+    RuntimeError escaped the job. It is an InputError naming the failure, and nothing is written."""
+    from dualexport.errors import InputError
+
+    model = nn.Sequential(nn.Linear(4, 3)).eval()
+    x = torch.randint(0, 5, (2, 2, 4))
+    spec = ({0: Dim("d0", min=1, max=64), 1: Dim("d1", min=1, max=64), 2: Dim.AUTO},)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="does not run on the example inputs in eager PyTorch.*same dtype"):
+        dx.export(model, (x,), out_dir=out, name="f", dynamic_shapes=spec)
+    assert not [p for p in out.iterdir() if not p.name.startswith(".")]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import DualExportError, InputError
 from ..parity.inputs import inputs_with_shapes
 from ..parity.judge import quantization_noise
 from ..runtimes.eager import EagerRunner
@@ -82,7 +83,25 @@ def reference_sets(
             eager.reset()
             if floats is not None:
                 floats.reset()
-        outs = eager.run(flat)
+        outs = _run_program(eager, flat, where)
         noise = quantization_noise(outs, floats.run(flat)) if floats is not None else {}
         sets.append(ProofSet(label, where, tuple(flat), tuple(outs), tuple(shapes), noise))
     return Reference(tuple(sets), stateful, quant_steps, time.perf_counter() - t0)
+
+
+def _run_program(eager: EagerRunner, flat: list[torch.Tensor], where: str) -> list[torch.Tensor]:
+    """The shared program's outputs ``where``; a program that PyTorch itself cannot run there is
+    the input's problem. Why it can happen: ``torch.export`` traces with fake tensors whose
+    kernels do not check everything (an int64 tensor into a float ``Linear`` on 3-D input traced,
+    then failed in eager with "mat1 and mat2 must have the same dtype")."""
+    try:
+        return eager.run(flat)
+    except DualExportError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InputError(
+            f"the exported program does not run {where} in eager PyTorch: {type(exc).__name__}: {first}",
+            hint="the model fails on these inputs before any target is involved: check the example's "
+            "dtypes and sizes (and the declared ranges) against what the model computes with",
+        ) from exc
