@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dualexport as dx
-from dualexport.parity.inputs import generate_input_sets
+from dualexport.parity.inputs import generate_input_sets, inputs_with_shapes
 from models import MLP, TiedEmbedding
 
 
@@ -26,6 +26,21 @@ def test_generated_sets_keep_integer_inputs_in_range() -> None:
     for label, (i, _x) in sets.items():
         assert i.dtype == torch.int64 and int(i.min()) >= 0 and int(i.max()) <= 49, label
     assert float(sets["large"][1].abs().max()) > 100 and not sets["zeros"][1].any()
+
+
+def test_positions_stay_positions_at_every_length() -> None:
+    """A decoder's ``cache_position`` (0..7 in the example) at a range edge of 510: 0..509, not
+    510 draws from 0..7 (a cache written twice at one position is undefined, and a correct file
+    failed its proof that way); token ids are still drawn from their range; a row that does not
+    count up by one is not taken for positions."""
+    ids = torch.linspace(0, 255, 8).long().unsqueeze(0)
+    pos, pos2d, other = torch.arange(8), torch.arange(4, 12).unsqueeze(0), torch.tensor([[3, 4, 6]])
+    got = inputs_with_shapes([ids, pos, pos2d, other], [(1, 510), (510,), (1, 510), (1, 510)])
+    assert torch.equal(got[1], torch.arange(510)) and torch.equal(got[2], torch.arange(4, 514).unsqueeze(0))
+    assert got[0].shape == (1, 510) and 0 <= int(got[0].min()) and int(got[0].max()) <= 255
+    assert len(set(got[0].tolist()[0])) < 510 and set(got[3].tolist()[0]) <= {3, 4, 5, 6}
+    for _, flat in generate_input_sets([ids, pos]):
+        assert torch.equal(flat[1], pos)
 
 
 def test_compare_with_generated_sets(mlp: dx.ExportResult) -> None:

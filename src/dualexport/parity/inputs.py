@@ -64,8 +64,9 @@ def load_inputs(path: pathlib.Path) -> list[torch.Tensor]:
 
 def _like(t: torch.Tensor, g: torch.Generator, mode: str, shape: Sequence[int] | None = None) -> torch.Tensor:
     """A tensor like ``t`` (dtype; ``shape`` if given): floats random normal (x1000 for
-    ``large``, zeros for ``zeros``); integers drawn from ``t``'s own value range (token ids and
-    positions stay valid); bools stay bools."""
+    ``large``, zeros for ``zeros``); integers drawn from ``t``'s own value range (token ids stay
+    valid), except positions (rows counting up by one), which count up at any length; bools stay
+    bools."""
     shape = tuple(t.shape) if shape is None else tuple(shape)
     if t.dtype.is_floating_point:
         if mode == "zeros":
@@ -74,10 +75,28 @@ def _like(t: torch.Tensor, g: torch.Generator, mode: str, shape: Sequence[int] |
         return x * 1000 if mode == "large" else x
     if t.dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
+    start = _positions_start(t)
+    if start is not None and shape:  # positions stay positions: distinct, in order
+        return (start + torch.arange(shape[-1], dtype=t.dtype)).expand(shape).clone()
     lo, hi = (int(t.min()), int(t.max())) if t.numel() else (0, 0)
     if mode == "zeros":
         return torch.full(shape, max(lo, 0) if lo <= 0 <= hi else lo, dtype=t.dtype)
     return torch.randint(lo, hi + 1, shape, generator=g).to(t.dtype)
+
+
+def _positions_start(t: torch.Tensor) -> int | None:
+    """The first value when every row of ``t`` (last dim, at least 2 long) counts up by one from
+    the same start (``cache_position``, ``position_ids``), else None.
+
+    Why: drawn at random from the example's range, a 510-long ``cache_position`` at a range edge
+    repeats values, and a cache written at repeated positions is undefined (each runtime keeps
+    another write): a 30-layer decoder's correct .onnx failed its proof at SNR 46 dB that way."""
+    if t.dim() == 0 or t.shape[-1] < 2 or t.numel() == 0:
+        return None
+    rows = t.reshape(-1, t.shape[-1])
+    start = int(rows[0, 0])
+    want = start + torch.arange(t.shape[-1], dtype=t.dtype)
+    return start if bool((rows == want).all()) else None
 
 
 def inputs_with_shapes(
