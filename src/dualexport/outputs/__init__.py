@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .atomic import atomic_write_bytes, atomic_write_text, commit_files, remove_dead_leftovers, staging_dir
 from .commit import ArtifactSet, artifact_set, current_set, recover
-from .interrupts import interrupt_latch, raise_if_interrupted
+from .interrupts import raise_if_interrupted
 from .lock import export_lock
 from .paths import check_name, prepare_out_dir, safe_child
 from .space import check_free_space, needed_bytes
@@ -20,7 +20,6 @@ __all__ = [
     "current_set",
     "recover",
     "export_lock",
-    "interrupt_latch",
     "raise_if_interrupted",
     "check_name",
     "prepare_out_dir",

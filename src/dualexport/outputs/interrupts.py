@@ -2,10 +2,10 @@
 
 Why: SIGINT raises ``KeyboardInterrupt`` wherever the main thread happens to be, and code in the
 libraries we call may catch it (a bare ``except:`` or ``except BaseException`` around a step,
-a forked child that reports any exception as a failure). Measured here: with the ONNX lowering
-in process, an interrupt was absorbed and the export went on to publish a new set and exit 0.
-The latch records the signal itself, so the set commit and the pipeline's checkpoints refuse to
-go on after one, whatever happened to the exception.
+a forked child that reports any exception as a failure). The latch records the signal itself,
+so the set commit and the pipeline's checkpoints refuse to go on after one, whatever happened to
+the exception. (A slow run also saw an export publish after SIGINT with no handler run at all;
+that case is not explained and not covered by this.)
 """
 
 from __future__ import annotations
