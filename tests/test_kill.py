@@ -26,6 +26,28 @@ NAME = "k"
 PREVIOUS_SEED, NEW_SEED, RERUN_SEED = 1, 2, 3
 
 
+def _signal_state(pid: int) -> str:
+    """Each process of the group and each of its threads: the signal masks the kernel sees, so a
+    failure says whether SIGINT (bit 2, value 0x2) was blocked, ignored or caught at the kill."""
+    lines = []
+    for proc_dir in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            if os.getpgid(int(proc_dir.name)) != pid:
+                continue
+            cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace")
+            for task in sorted((proc_dir / "task").iterdir()):
+                st = dict(
+                    line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line
+                )
+                lines.append(
+                    f"{proc_dir.name}/{task.name} {st.get('Name', '?')} state={st.get('State', '?')} "
+                    f"blk={st.get('SigBlk')} ign={st.get('SigIgn')} cgt={st.get('SigCgt')} :: {cmd}"
+                )
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return "\n".join(lines)
+
+
 def _kill_inside(out: pathlib.Path, phase: str, marker: pathlib.Path, timeout: float = 120) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen(
@@ -133,6 +155,7 @@ def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tm
             assert time.monotonic() < deadline, "the child never started lowering"
             time.sleep(0.02)
         assert proc.poll() is None, "the export finished before the interrupt"
+        state = _signal_state(proc.pid)
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
@@ -143,7 +166,7 @@ def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tm
             proc.wait()
         err = proc.stdout.read().decode()
         proc.stdout.close()
-    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:])
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:], state)
     assert took < 5.0, f"the export took {took:.1f} s to stop"
     assert assert_complete_set(out, NAME) == SHA[PREVIOUS_SEED]
     assert leftovers(out) == []
