@@ -37,7 +37,9 @@ def _signal_state(pid: int) -> str:
             cmd = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace")
             for task in sorted((proc_dir / "task").iterdir()):
                 st = dict(
-                    line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line
+                    line.split(":\t", 1)
+                    for line in (task / "status").read_text().splitlines()
+                    if ":\t" in line
                 )
                 lines.append(
                     f"{proc_dir.name}/{task.name} {st.get('Name', '?')} state={st.get('State', '?')} "
