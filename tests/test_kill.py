@@ -50,6 +50,17 @@ def _signal_state(pid: int) -> str:
     return "\n".join(lines)
 
 
+def _listing(folder: pathlib.Path) -> str:
+    """Names and modification times (ns) of what the folder holds now."""
+    items = []
+    for p in sorted(folder.iterdir()):
+        try:
+            items.append(f"{p.name}@{p.stat().st_mtime_ns}")
+        except OSError:  # moved or removed meanwhile
+            items.append(f"{p.name}@gone")
+    return " ".join(items)
+
+
 def _kill_inside(out: pathlib.Path, phase: str, marker: pathlib.Path, timeout: float = 120) -> None:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen(
@@ -156,8 +167,19 @@ def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tm
             assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the child never started lowering"
             time.sleep(0.02)
+        marked = time.monotonic()
         assert proc.poll() is None, "the export finished before the interrupt"
-        state = _signal_state(proc.pid)
+        # What the folder held at the kill: a set already committed there means the signal came
+        # too late to stop anything (a starved test process), not that it was lost.
+        seen = time.monotonic()
+        state = "\n".join(
+            [
+                f"kill {seen - marked:.2f} s after the marker was seen, "
+                f"{time.time() - marker.stat().st_mtime:.2f} s after it was written",
+                "folder: " + _listing(out),
+                _signal_state(proc.pid),
+            ]
+        )
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
