@@ -21,8 +21,37 @@ logging.disable(logging.CRITICAL)
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
+def _watch_sigint_handler() -> None:
+    """Report on stderr each change of the C-level SIGINT handler (a library's ``sigaction``
+    replaces Python's without ``signal.getsignal`` knowing): the Ctrl-C test shows it when a
+    SIGINT went unanswered."""
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)  # struct sigaction; its first field is the handler
+
+    def current() -> int:
+        libc.sigaction(2, None, buf)
+        return int.from_bytes(buf.raw[:8], "little")
+
+    def run() -> None:
+        seen = current()
+        sys.stderr.write(f"sigint handler at start: {seen:#x}\n")
+        while True:
+            now = current()
+            if now != seen:
+                sys.stderr.write(f"sigint handler changed: {seen:#x} -> {now:#x}\n")
+                seen = now
+            time.sleep(0.01)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
 def main() -> None:
     out, name, seed, phase, marker = sys.argv[1:6]
+    if phase.startswith("interrupt-"):
+        _watch_sigint_handler()
     features = sys.argv[6] if len(sys.argv) > 6 else ""
     marker_path = pathlib.Path(marker)
 

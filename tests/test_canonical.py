@@ -72,6 +72,26 @@ def _dashed() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return m.eval(), (torch.randn(1, 3, 8, 8),)
 
 
+class DeadSizedByValue(nn.Module):
+    """A tensor sized by an input's value and then unused: OPT's position mask, sized by
+    ``past_key_values.get_seq_length() + seq`` (a 0-dim tensor under export_llm's cache) and dead
+    once position ids are given. The program keeps the value read and its assertion."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        n = pos[0] + x.shape[1]  # a 0-dim tensor used as a size: .item() in the program
+        _ = torch.ones(x.shape[0], n)
+        return self.lin(x)
+
+
+def _dead_sized() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return DeadSizedByValue().eval(), (torch.randn(2, 8), torch.tensor([3]))
+
+
 def _plain_onnx(model: nn.Module, args: tuple) -> None:
     import onnxruntime as ort
 
@@ -113,6 +133,13 @@ CASES = {
         "with '-' kept but looks it up by FX's sanitized node name: ValueError "
         "'..._block1-0_0_weight_fused_bn' is not in list (torchvision RegNet)",
     ),
+    "value_read_only_asserted": (
+        _dead_sized,
+        _plain_xnnpack,
+        "ExecuTorch 1.4.1's re-trace of a program whose .item() feeds only an assertion fails: "
+        "AssertionError 'Expected output node' in to_edge (PendingUnbackedSymbolNotFound in "
+        "run_decompositions), as on transformers' OPT under export_llm",
+    ),
 }
 
 
@@ -125,6 +152,7 @@ SIGNATURES: dict[str, tuple[type[BaseException], str]] = {
     "t5_encoder": (RuntimeError, r"Cannot view a tensor with shape"),
     "maxpool_default_stride": (IndexError, r"tuple index out of range"),
     "dashed_module_names": (Exception, r"FuseBatchNormPass|is not in list"),
+    "value_read_only_asserted": (Exception, r"Expected output node|Pending unbacked symbols"),
 }
 
 
@@ -179,7 +207,11 @@ def test_canonicalizations_keep_the_computation() -> None:
     from dualexport.shared_state import SharedProgram
     from dualexport.shared_state.passes import CANONICALIZATIONS
 
-    for build, changes in ((_t5, {"ReshapeForView", "ContiguousAsCopy"}), (_maxpool, {"ExplicitPoolArgs"})):
+    for build, changes in (
+        (_t5, {"ReshapeForView", "ContiguousAsCopy"}),
+        (_maxpool, {"ExplicitPoolArgs"}),
+        (_dead_sized, {"AssertOnlyScalars"}),
+    ):
         model, args = build()
         shared = SharedProgram.capture(model, args)
         before = shared.exported_program.module()(*args)

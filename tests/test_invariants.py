@@ -103,6 +103,38 @@ def test_pin_refuses_a_narrowed_range_and_puts_it_back() -> None:
     assert env.var_to_range[sym] == original  # the next target sees the declared range
 
 
+def test_a_target_failing_before_lowering_leaves_its_pin_at_once(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target whose decomposition fails leaves the pin before the export returns (its shape
+    environment put back for what follows), not when the interpreter collects a suspended
+    generator at exit (which printed a traceback there)."""
+    import contextlib
+
+    from dualexport.exporters.xnnpack import XnnpackExporter
+
+    left: list[str] = []
+    real = SharedProgram.pinned
+
+    @contextlib.contextmanager
+    def pinned(self, target):
+        with real(self, target) as pin:
+            try:
+                yield pin
+            finally:
+                left.append(target)
+
+    def failing(self, *a, **k):
+        raise RuntimeError("planted decomposition failure")
+
+    monkeypatch.setattr(SharedProgram, "pinned", pinned)
+    monkeypatch.setattr(XnnpackExporter, "decompose", failing)
+    res = dx.export(MLP(), (torch.randn(2, 16),), out_dir=tmp_path, name="m", target="xnnpack", cache=False)
+    assert set(res.errors) == {"xnnpack"}
+    # while the result (whose error holds the failed job's frames) is alive
+    assert left == ["xnnpack"], left
+
+
 def test_tied_weights_are_listed_once(tmp_path: pathlib.Path) -> None:
     res = dx.export(TiedEmbedding(), (torch.randint(0, 50, (2, 5)),), out_dir=tmp_path, name="t")
     assert not res.errors

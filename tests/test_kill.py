@@ -190,7 +190,8 @@ def test_ctrl_c_stops_an_export_promptly(target: str, previous: pathlib.Path, tm
             proc.wait()
         err = proc.stdout.read().decode()
         proc.stdout.close()
-    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:], state)
+    handlers = [line for line in err.splitlines() if line.startswith("sigint handler")]
+    assert proc.returncode == 130 and "interrupted" in err, (proc.returncode, err[-2000:], state, handlers)
     assert took < 5.0, f"the export took {took:.1f} s to stop"
     assert assert_complete_set(out, NAME) == SHA[PREVIOUS_SEED]
     assert leftovers(out) == []

@@ -49,6 +49,25 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         },
     ),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {**COMMON, "pad_token_id": 0}),  # fused qkv, fused gate_up
+    # learned positions sized by the cache length (a value read only an assertion keeps)
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+            init_std=0.2,  # the default (0.02) gives one repeated token
+            eos_token_id=255,  # OPT's default end of sequence (2) ends a prompt's 8 tokens early
+        ),
+    ),
+    # soft-capped attention and logits, alternating sliding layers (window < T); transformers'
+    # generate leaves the model's own uncached forward on long prompts
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**COMMON, "head_dim": 16, "sliding_window": 8}),
     # learned positions, tied head, MHA; the default init (0.02) gives one repeated token
     "gpt2": (
         "GPT2Config",
@@ -182,8 +201,9 @@ def test_weights_proven_and_layout_recorded(llm: Exported) -> None:
     config = llm.model.config
     assert (layout.layers, layout.max_seq_len, layout.vocab, layout.dtype) == (2, T, 256, "float32")
     assert layout.kv_heads == getattr(config, "num_key_value_heads", 4)
-    # Mistral: a window on every layer; Gemma3: sliding then full (its layer_types)
-    assert layout.sliding == {"mistral": (True, True), "gemma3": (True, False)}.get(llm.arch, (False, False))
+    # Mistral: a window on every layer; Gemma2 and Gemma3: sliding then full (their layer_types)
+    sliding = {"mistral": (True, True), "gemma2": (True, False), "gemma3": (True, False)}
+    assert layout.sliding == sliding.get(llm.arch, (False, False))
 
 
 def test_xnnpack_one_delegate_per_program(llm: Exported) -> None:
@@ -237,6 +257,57 @@ def test_refusals_before_tracing(tmp_path: pathlib.Path) -> None:
         dx.generate(tmp_path / "missing.onnx", [1], max_new_tokens=1)
     with pytest.raises(InputError, match="neither"):
         dx.generate(tmp_path / "x.bin", [1], max_new_tokens=1)
+
+
+def test_a_decoder_that_cannot_run_is_refused_as_the_models_problem(tmp_path: pathlib.Path) -> None:
+    """A config whose sizes disagree fails on the layout probe, and a decoder whose bias is
+    sized by the tokens seen (Falcon with ALiBi) fails the dry run with a fixed-length cache:
+    both as InputError naming the model's own error, before any trace, nothing written."""
+    import transformers
+
+    torch.manual_seed(0)
+    bad = transformers.StableLmForCausalLM(
+        transformers.StableLmConfig(**{**COMMON, "num_key_value_heads": 32})  # 32 kv heads, 4 heads
+    ).eval()
+    with pytest.raises(InputError, match="two-token forward.*RuntimeError"):
+        dx.export_llm(bad, max_seq_len=16, out_dir=tmp_path / "a")
+    alibi = transformers.FalconForCausalLM(
+        transformers.FalconConfig(
+            vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, alibi=True
+        )
+    ).eval()
+    with pytest.raises(InputError, match="fixed-length cache") as info:
+        dx.export_llm(alibi, max_seq_len=16, out_dir=tmp_path / "b")
+    assert "alibi" in info.value.hint
+    assert not any((tmp_path / d).exists() for d in "ab")
+
+
+def test_reference_sides_with_the_models_uncached_forward() -> None:
+    """When transformers.generate's cache leaves the model's own forward (Gemma2's sliding
+    layers), the reference is the uncached forward and the report says so; when generate agrees
+    with the program, it stays the reference."""
+    from types import SimpleNamespace
+
+    from dualexport.llm.parity import _hf_reference
+
+    class Toy(torch.nn.Module):
+        """Next token = (last token + 1) % 5; ``generate`` adds 2 from its second step on."""
+
+        def forward(self, input_ids: torch.Tensor, use_cache: bool = True) -> Any:
+            nxt = (input_ids[0, -1] + 1) % 5
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, 5).float().expand(1, 1, 5))
+
+        def generate(self, ids: torch.Tensor, max_new_tokens: int, **_: Any) -> torch.Tensor:
+            out = ids[0].tolist()
+            for i in range(max_new_tokens):
+                out.append((out[-1] + (1 if i == 0 else 2)) % 5)
+            return torch.tensor([out])
+
+    uncached = [2, 3, 4]
+    ref, note = _hf_reference(Toy(), [1], 3, eager=uncached)
+    assert ref == uncached and "step 1" in note
+    hf = Toy().generate(torch.tensor([[1]]), 3)[0, 1:].tolist()
+    assert _hf_reference(Toy(), [1], 3, eager=hf) == (hf, "")
 
 
 def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:

@@ -110,6 +110,8 @@ def test_codes_and_scales_proven_in_both_files(quantized: Quantized) -> None:
     groups = quantized_weights(program)
     assert len(groups) == LINEARS
     assert not any(n.endswith("_proj.weight") or n == "model.lm_head.weight" for n in program.state_dict)
+    # the lowering keeps no tensor of its own but the scalars it lifts (eps, clamp bounds)
+    assert quantized.res.artifacts["xnnpack"].outcome.kept_not_shared == ()
     check = quantized.res.verify_weights()
     assert check.copies and check.copies["onnx"] > 0 and check.copies["xnnpack"] > 0
     manifest = quantized.res.manifest
@@ -167,6 +169,34 @@ def test_a_changed_code_on_disk_fails_the_proof(exports: Any, tmp_path: pathlib.
     holder = {k: v for k, v in q.res.program.exported_program.state_dict.items()}
     with pytest.raises(WeightMismatchError, match="q_proj.int4_codes"):
         verify_manifest(q.res.manifest, tmp_path, holder)
+
+
+@pytest.mark.slow
+def test_a_retrained_quantized_decoder_ships_its_new_codes(exports: Any, tmp_path: pathlib.Path) -> None:
+    """Issue 18's stale-file case on quantized copies: the int4 decoder retrained and exported
+    again into the folder of its first export. Codes and scales derive from the new weights, so
+    the files must carry the new ones (patched or lowered anew) and compute the new model."""
+    import shutil
+
+    q = exports("llama-int4")
+    out = tmp_path / "out"
+    shutil.copytree(pathlib.Path(q.res.artifacts["onnx"].path).parent, out)
+    model = make_model("llama")
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # one "training step": every parameter moves
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    res = dx.export_llm(model, max_seq_len=T, out_dir=out, name=q.arch, quantize="int4")
+    assert res.ok, dict(res.errors)
+    for target, art in res.artifacts.items():
+        assert isinstance(art.outcome, (dx.Lowered, dx.Patched)), (target, art.outcome)
+    res.verify_weights()
+    old = q.res.program.exported_program.state_dict
+    new = res.program.exported_program.state_dict
+    codes = next(k for k in new if k.endswith("q_proj.int4_codes"))
+    assert not torch.equal(old[codes], new[codes]), "the retrained program kept the old codes"
+    report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+    assert report.ok, report.to_markdown()
 
 
 # ----------------------------------------------------------------------------- the targets

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import DualExportError, InputError
 from ..exporters import ExportOptions
 
 __all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
@@ -95,6 +95,7 @@ def export_llm(
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
+            _dry_run(wrapper, args, label or type(model).__name__)
             return api.export(
                 wrapper,
                 args,
@@ -109,6 +110,25 @@ def export_llm(
             )
     finally:
         model.train(was_training)
+
+
+def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> None:
+    """One eager call of the cache wrapper on the example inputs before the trace: a decoder that
+    cannot run with a fixed-length cache fails here with its own error, named as such, and not
+    later as a program that does not run on inputs the user never chose."""
+    try:
+        wrapper(*args)
+    except DualExportError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            f"{label} does not run with export_llm's fixed-length cache (past_k/past_v of "
+            f"max_seq_len positions, {args[0].shape[1]} new tokens): {type(exc).__name__}: {exc}",
+            hint="export_llm needs a decoder whose attention mask and position bias come from the "
+            "cache and cache_position (transformers' create_causal_mask and rotary or learned "
+            "positions); a bias sized by the tokens seen so far (Falcon with alibi=True) is not "
+            "supported: use dx.export on the model without a cache",
+        ) from exc
 
 
 def _resolve_model(model: nn.Module | str | os.PathLike[str]) -> tuple[nn.Module, str]:

@@ -151,6 +151,8 @@ class PromptParity:
     #: the eager program's top-2 margin at each runtime's first divergence (None: none, or past
     #: the eager tokens)
     margins: Mapping[str, float | None] = field(default_factory=dict)
+    #: why the reference is not the report's (empty: it is)
+    note: str = ""
 
     def counted(self, runtime: str, tol: StepTolerance) -> bool:
         """Whether ``runtime``'s first divergence counts against ``tol``."""
@@ -197,6 +199,7 @@ class GenerationReport:
                     "reference": list(p.reference),
                     "tokens": {k: list(v) for k, v in p.tokens.items()},
                     "first_divergence": dict(p.first_divergence),
+                    "note": p.note,
                     "margin_at_divergence": {k: enc(v) for k, v in p.margins.items()},
                     "teacher_forced": {
                         k: {f: enc(x) for f, x in asdict(m).items()} for k, m in p.teacher_forced.items()
@@ -235,6 +238,9 @@ class GenerationReport:
                 lines.append(
                     f"| {i} (len {len(p.prompt)}) | {rt} | {same} | {'-' if d is None else d} | {mtext} | {tf} |"
                 )
+        notes = [f"Prompt {i}: {p.note}." for i, p in enumerate(self.prompts) if p.note]
+        if notes:
+            lines += ["", *notes]
         if self.tolerance.margin_bound is not None:
             lines += [
                 "",
@@ -266,6 +272,42 @@ def _reference_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int) 
             torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, num_beams=1
         )
     return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _uncached_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy tokens from the model's forward over the whole sequence at every step, no cache:
+    what the model computes, whatever any cache implementation does."""
+    seq = torch.tensor([prompt])
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=seq, use_cache=False).logits[0, -1]
+            out.append(int(logits.argmax()))
+            seq = torch.cat([seq, torch.tensor([[out[-1]]])], dim=1)
+    return out
+
+
+def _hf_reference(
+    model: nn.Module, prompt: list[int], max_new_tokens: int, eager: list[int]
+) -> tuple[list[int], str]:
+    """transformers.generate's tokens, unless they differ from the shared program's and the
+    model's own uncached forward sides with the program: then generate's cache is what departs
+    from the model (Gemma2's sliding layers in transformers 5), and the uncached tokens are the
+    reference, with a note naming the step where generate left them."""
+    hf = _reference_tokens(model, prompt, max_new_tokens)
+    if hf == eager:
+        return hf, ""
+    try:
+        uncached = _uncached_tokens(model, prompt, max_new_tokens)
+    except (TypeError, ValueError, AttributeError):  # a forward without use_cache or .logits
+        return hf, ""
+    if uncached == hf:
+        return hf, ""
+    step = _first_divergence(hf, uncached)
+    return uncached, (
+        f"transformers.generate left the model's own uncached forward at step {step} "
+        f"({hf} vs {uncached}): the reference is the uncached forward"
+    )
 
 
 def default_prompts(layout: LlmLayout, max_new_tokens: int) -> list[list[int]]:
@@ -314,7 +356,11 @@ def generation_parity(
         runs = {name: s.generate(prompt, max_new_tokens) for name, s in sessions.items()}
         free = {name: g.new_tokens for name, g in runs.items()}
         eager_margins = top2_margin(runs["eager"].logits).tolist()
-        reference = _reference_tokens(model, prompt, max_new_tokens) if use_hf and model else free["eager"]
+        reference, note = (
+            _hf_reference(model, prompt, max_new_tokens, free["eager"])
+            if use_hf and model
+            else (free["eager"], "")
+        )
         forced = reference or free["eager"]
         teacher: dict[str, TeacherForced] = {}
         if forced:
@@ -336,6 +382,7 @@ def generation_parity(
                     k: (float(eager_margins[d]) if d is not None and d < len(eager_margins) else None)
                     for k, d in divergence.items()
                 },
+                note=note,
             )
         )
     return GenerationReport("transformers.generate" if use_hf else "eager", layout, tuple(out), tol)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import DualExportError, InputError
 from .layout import LlmLayout
 
 __all__ = ["DecoderWithCache", "probe_layout", "example_inputs", "dynamic_shapes", "sliding_layers"]
@@ -118,8 +118,19 @@ def probe_layout(model: nn.Module, max_seq_len: int, name: str = "") -> LlmLayou
             hint="export_llm drives a transformers-style decoder: forward(input_ids, position_ids=..., "
             "past_key_values=cache) calling cache.update(key, value, layer_idx) in each layer",
         )
-    with torch.no_grad():
-        logits = _logits(model(input_ids=ids, **kwargs))
+    try:
+        with torch.no_grad():
+            logits = _logits(model(input_ids=ids, **kwargs))
+    except DualExportError:
+        raise
+    except Exception as exc:  # the model itself fails: its error, named as the model's
+        raise InputError(
+            f"{name or type(model).__name__} fails on a two-token forward with a cache, before any "
+            f"export: {type(exc).__name__}: {exc}",
+            hint="check that the model runs eagerly: model(input_ids, position_ids=..., "
+            "past_key_values=DynamicCache(), use_cache=True) (a config whose sizes disagree, "
+            "e.g. num_key_value_heads above num_attention_heads, fails there)",
+        ) from exc
     shapes = cache.shapes()
     if not shapes or any(s is None for s in shapes):
         missing = [i for i, s in enumerate(shapes) if s is None]

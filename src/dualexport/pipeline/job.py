@@ -199,9 +199,12 @@ class TargetJob:
         self._done = True
         try:
             try:
-                if self._error is not None:
-                    raise self._error
-                with self._pin_ctx:  # leaving it checks the pin: a refusal stages nothing
+                # leaving the pin checks it (a refusal stages nothing); a job that failed before
+                # lowering leaves it too, so the pin puts the shape environment back now and not
+                # in a generator collected at interpreter exit
+                with self._pin_ctx:
+                    if self._error is not None:
+                        raise self._error
                     outcome = self._complete()
                 return self._stage(outcome)
             finally:
@@ -422,7 +425,7 @@ def _summarize(lowered: LoweredTarget, holder_ids: set[int]) -> _Lowering:
         weight_notes=dict(lowered.weight_notes),
         derived_copies=dict(lowered.derived_copies),
         kept_tensors=len(kept),
-        kept_not_shared=tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids)),
+        kept_not_shared=tuple(sorted(k for k, v in kept.items() if id(v) not in holder_ids and v.dim() > 0)),
         backend_passes=lowered.backend_passes,
         opset=lowered.opset,
     )

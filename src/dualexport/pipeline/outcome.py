@@ -86,6 +86,8 @@ class Lowered(_Published):
 
     because: str | None = None
     #: tensors the lowered program keeps, and those among them that are not the holder's objects
+    #: (0-dim ones aside: scalars of the graph that a lowering lifts into tensors, e.g. an
+    #: RMSNorm's eps or a clamp bound beside quantized linears, hold no weight)
     kept_tensors: int = 0
     kept_not_shared: tuple[str, ...] = ()
     #: lowered in a forked worker while the other target exported

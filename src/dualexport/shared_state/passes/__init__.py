@@ -15,6 +15,7 @@ from .base import PassContractError, PassRecord, PassResult, ProgramPass
 from .canonical import CANONICALIZATIONS, ContiguousAsCopy, ExplicitPoolArgs, IndexAsView, ReshapeForView
 from .fold import FOLD_MAX_BYTES, FoldConstants, fold_constants
 from .fold_symbolic import FoldSymbolic
+from .scalars import AssertOnlyScalars
 
 #: Canonicalizations that read folded constants: run after ``FoldConstants`` (with
 #: ExportOptions.canonicalize).
@@ -31,6 +32,7 @@ __all__ = [
     "ReshapeForView",
     "ContiguousAsCopy",
     "ExplicitPoolArgs",
+    "AssertOnlyScalars",
     "IndexAsView",
     "AFTER_FOLDING",
     "ExplicitMaskedRows",

@@ -19,6 +19,9 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
   IndexError in ``to_edge_transform_and_lower`` (executorch#21488). Every default argument of the
   pooling call is written out; an average pool without padding says ``count_include_pad=False``
   (the same average: there is no padding to count), the only form XNNPACK takes.
+* ``AssertOnlyScalars`` (``scalars.py``): a tensor value read into an int that only assertions
+  read (OPT's dead position mask sized by a cache length) makes ExecuTorch's re-trace fail
+  ("Pending unbacked symbols"); the read and its assertions are dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch.export import ExportedProgram
 from ...compat.torch import op_schema
 from .base import ProgramPass
 from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of
+from .scalars import AssertOnlyScalars
 
 __all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "IndexAsView", "CANONICALIZATIONS"]
 
@@ -247,4 +251,9 @@ class IndexAsView(ProgramPass):
 
 
 #: Run on every shared program by default (ExportOptions.canonicalize), in this order.
-CANONICALIZATIONS: tuple[ProgramPass, ...] = (ReshapeForView(), ContiguousAsCopy(), ExplicitPoolArgs())
+CANONICALIZATIONS: tuple[ProgramPass, ...] = (
+    ReshapeForView(),
+    ContiguousAsCopy(),
+    ExplicitPoolArgs(),
+    AssertOnlyScalars(),
+)
