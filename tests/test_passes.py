@@ -78,6 +78,7 @@ def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: path
         "ReshapeForView",
         "ContiguousAsCopy",
         "ExplicitPoolArgs",
+        "AssertOnlyScalars",
         "FoldConstants",
         "IndexAsView",
         "ExplicitMaskedRows",
