@@ -3,9 +3,9 @@
 Why: a model can read a tensor's value into a Python int (``.item()``; transformers' OPT sizes a
 position mask by ``past_key_values.get_seq_length() + seq``, and a cache whose length is a tensor
 makes that an ``item``) and then never use the tensor it sized (the mask is dead once position ids
-are given). ``torch.export`` removes the dead tensor but keeps the read and the assertions it
-implied (``u0 >= 0``), sometimes the dead tensor too. ExecuTorch's decomposition re-traces the program and fails on such a read:
-"PendingUnbackedSymbolNotFound: Pending unbacked symbols {u3} not in returned outputs". The read
+are given). ``torch.export`` keeps the read and the assertions it implied (``u0 >= 0``), and
+sometimes the dead tensor too. ExecuTorch's decomposition re-traces the program and fails on such
+a read: "PendingUnbackedSymbolNotFound: Pending unbacked symbols {u3} not in returned outputs". The read
 computes nothing that any output or tensor depends on, so the read, the comparisons on it and
 the assertions go, on the shared program, and both targets and eager keep computing the same
 outputs (what is dropped is a check of the input's values that no output needs).
