@@ -5,8 +5,8 @@ position mask by ``past_key_values.get_seq_length() + seq``, and a cache whose l
 makes that an ``item``) and then never use the tensor it sized (the mask is dead once position ids
 are given). ``torch.export`` keeps the read and the assertions it implied (``u0 >= 0``), and
 sometimes the dead tensor too. ExecuTorch's decomposition re-traces the program and fails on such
-a read: "PendingUnbackedSymbolNotFound: Pending unbacked symbols {u3} not in returned outputs". The read
-computes nothing that any output or tensor depends on, so the read, the comparisons on it and
+a read: "PendingUnbackedSymbolNotFound: Pending unbacked symbols {u3} not in returned outputs".
+The read computes nothing that any output or tensor depends on, so the read, the comparisons on it and
 the assertions go, on the shared program, and both targets and eager keep computing the same
 outputs (what is dropped is a check of the input's values that no output needs).
 """
@@ -17,6 +17,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
+from .graph_edit import drop_dead_constants
 
 __all__ = ["AssertOnlyScalars"]
 
@@ -53,7 +54,7 @@ class AssertOnlyScalars(ProgramPass):
         if not any(n.op == "call_function" and n.target in _READS for n in graph.nodes):
             return program
         # the dead tensor the read sized goes first (export keeps some: ``aten.ones`` here)
-        dead = graph.eliminate_dead_code()
+        changed = graph.eliminate_dead_code()
         order = {n: i for i, n in enumerate(graph.nodes)}
         dropped: set[torch.fx.Node] = set()
         symbols = set()
@@ -67,15 +68,12 @@ class AssertOnlyScalars(ProgramPass):
             if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
                 symbols |= val.node.expr.free_symbols
             dropped.update(closure)
-        if not dropped:
-            if dead:
-                graph.lint()
-                program.graph_module.recompile()
-            return program
         for node in sorted(dropped, key=order.__getitem__, reverse=True):
             graph.erase_node(node)
         for sym in [s for s in program.range_constraints if getattr(s, "free_symbols", set()) & symbols]:
             del program.range_constraints[sym]
-        graph.lint()
-        program.graph_module.recompile()
+        if changed or dropped:
+            drop_dead_constants(program)  # constants only the dead tensor read
+            graph.lint()
+            program.graph_module.recompile()
         return program
