@@ -8,7 +8,7 @@ default export against the plain libraries in the same run, per architecture:
   subgraphs, static and with serving-style dynamic shapes (decoders: the sequence; text
   encoders: batch and sequence; vision and speech: the batch);
 - per-call latency of the static files: ExecuTorch (dualexport's .pte / plain .pte) and ONNX
-  Runtime (dualexport's .onnx / plain torch.onnx's).
+  Runtime (dualexport's .onnx / plain torch.onnx's), medians of rounds timed alternately.
 
 Each architecture runs in a child process (a crash or leak stays there); results are appended as
 JSON lines, so the sweep runs in pieces (``--only``, ``--family``) and resumes. ``--render`` writes
@@ -173,7 +173,7 @@ def _plain(arch: Any, dynamic: bool, out: pathlib.Path) -> dict[str, Any]:
 
 
 def _latency(dx_res: Any, out: pathlib.Path, args: tuple) -> dict[str, Any]:
-    from _plain import et_runner, latency, ort_runner
+    from _plain import et_runner, latency_pair, ort_runner
 
     lat: dict[str, Any] = {}
     pairs = {
@@ -184,9 +184,8 @@ def _latency(dx_res: Any, out: pathlib.Path, args: tuple) -> dict[str, Any]:
         if art is None or not plain_path.is_file():
             continue
         try:
-            mine = latency(runner(art.path, args), calls=30, repeats=3)
-            plain = latency(runner(plain_path, args), calls=30, repeats=3)
-            lat[key] = {"dx_s": mine[1], "plain_s": plain[1], "ratio": mine[1] / plain[1]}
+            mine, plain = latency_pair(runner(art.path, args), runner(plain_path, args))
+            lat[key] = {"dx_s": mine, "plain_s": plain, "ratio": mine / plain}
         except Exception as exc:
             lat[key] = {"error": _short(exc)}
     return lat

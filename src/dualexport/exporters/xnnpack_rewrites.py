@@ -74,21 +74,23 @@ def _layer_norm(
     eps: float = 1e-5,
     cudnn_enable: bool = True,
 ) -> Any:
-    """LayerNorm over the last dim as XNNPACK ops: the mean is a global average pool of the
-    input seen as ``[N, 1, 1, D]`` (XNNPACK's ``mean.dim`` takes 4-D, dims (2, 3), keepdim)."""
+    """LayerNorm over the last dim as XNNPACK ops. Both means are a fully connected layer with
+    one output (a ``[1, D]`` row of ``1/D``): no reshape around them, so the rewrite holds with
+    any number of dynamic leading dims (XNNPACK's reshape takes one), and no layout change
+    (``mean.dim``, XNNPACK's global average pool, takes NHWC 4-D and costs two transposes per
+    mean inside the delegate)."""
     if len(normalized_shape) != 1 or x.dtype != torch.float32 or not isinstance(x.shape[-1], int):
         return NotImplemented
     d = x.shape[-1]
-    x4 = x.reshape(-1, 1, 1, d)
-    mean = aten.mean.dim(x4, [2, 3], True)
-    xc = x4 - mean
-    var = aten.mean.dim(xc * xc, [2, 3], True)
+    row = torch.full((1, d), 1.0 / d, dtype=x.dtype)
+    xc = x - aten.linear.default(x, row)
+    var = aten.linear.default(xc * xc, row)
     y = xc * aten.rsqrt.default(var + eps)
     if weight is not None:
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y.reshape(x.shape)
+    return y
 
 
 def _group_norm(
@@ -99,8 +101,9 @@ def _group_norm(
     eps: float = 1e-5,
     cudnn_enabled: bool = True,
 ) -> Any:
-    """GroupNorm as XNNPACK ops, as ``_layer_norm`` does: each group's values seen as
-    ``[N * G, 1, 1, M]`` and normalized by two global average pools, then the per-channel affine
+    """GroupNorm as XNNPACK ops: each group's values seen as ``[N * G, 1, 1, M]`` and normalized
+    by two global average pools (M spans spatial dims: a pool, not ``_layer_norm``'s row of
+    ``1/D``, whose weight would grow with the input), then the per-channel affine
     (wav2vec2-style speech encoders normalize their first convolution so; XNNPACK has no group
     norm node and the op split the delegate)."""
     if x.dtype != torch.float32 or x.dim() < 2 or not _static(x.shape[1:]) or not _viewable(x.shape):
