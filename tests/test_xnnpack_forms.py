@@ -167,3 +167,52 @@ def test_two_dynamic_sizes_in_one_view_are_a_library_limit() -> None:
     rows = get_delegation_info(edge.exported_program().graph_module).delegation_by_operator
     outside = {op for op, row in rows.items() if row.non_delegated and op != "getitem"}
     assert "aten_view_copy_default" not in outside, outside
+
+
+def _dequantize_per_tensor(x: torch.Tensor) -> torch.Tensor:
+    """Stands in for an edge dequantize: the clone pass knows q/dq ops by their name."""
+    return x * 1.0
+
+
+def test_identity_clones_go_on_the_edge_program_but_not_next_to_q_dq_or_input_to_output() -> None:
+    """A clone after a permute_copy (contiguous at the edge) goes; a clone that copies a graph
+    input to an output, one that reads a dequantize, and one that changes the dim order stay;
+    the graph computes what it did."""
+    from dualexport.exporters.xnnpack import drop_identity_clones
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+
+    def node(target: Any, args: tuple[Any, ...], val: torch.Tensor, **kwargs: Any) -> torch.fx.Node:
+        n = g.call_function(target, args, kwargs)
+        n.meta["val"] = val
+        return n
+
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3)
+    perm = node(aten.permute_copy.default, (x, [1, 0]), torch.empty(3, 2))
+    x4 = node(aten.view_copy.default, (x, [1, 2, 3, 1]), torch.empty(1, 2, 3, 1))
+    nodes = {
+        "after_permute": node(aten.clone.default, (perm,), torch.empty(3, 2)),
+        "input_to_output": node(aten.clone.default, (x,), torch.empty(2, 3)),
+        "channels_last": node(
+            aten.clone.default,
+            (x4,),
+            torch.empty(1, 2, 3, 1).to(memory_format=torch.channels_last),
+            memory_format=torch.channels_last,
+        ),
+    }
+    dq = node(_dequantize_per_tensor, (perm,), torch.empty(3, 2))
+    nodes["after_dq"] = node(aten.clone.default, (dq,), torch.empty(3, 2))
+    g.output(tuple(nodes.values()))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    inp = torch.randn(2, 3)
+    before = [t.clone() for t in gm(inp)]
+
+    result = drop_identity_clones(gm)
+
+    assert result.modified
+    left = {n.name for n in gm.graph.nodes if n.target is aten.clone.default}
+    assert left == {nodes[k].name for k in ("input_to_output", "channels_last", "after_dq")}, left
+    for a, b in zip(gm(inp), before, strict=True):
+        assert torch.equal(a, b)
