@@ -61,20 +61,27 @@ def latency(run: Any, calls: int = 30, repeats: int = 3) -> tuple[float, float, 
 
 
 def latency_pair(mine: Any, plain: Any, calls: int = 50, rounds: int = 15) -> tuple[float, float]:
-    """Median per-call seconds of two runners timed in alternating rounds of ``calls`` calls
-    (after warm-up): on a noisy machine a load spike then lands on both, where timing one
-    runner after the other once put tiny BERT's ratio at 1.61x and interleaved at 0.77x."""
-    for run in (mine, plain):
+    """Median per-call seconds of two runners timed in alternating rounds (``latency_rounds``)."""
+    got = latency_rounds({"mine": mine, "plain": plain}, calls=calls, rounds=rounds)
+    return got["mine"], got["plain"]
+
+
+def latency_rounds(runners: dict[Any, Any], calls: int = 50, rounds: int = 15) -> dict[Any, float]:
+    """Median per-call seconds of each runner, timed in rounds that visit every runner in turn
+    (``calls`` calls each, after warm-up): on a noisy machine a load spike then lands on all of
+    them, where timing one runner after the other once put tiny BERT's ratio at 1.61x and
+    interleaved at 0.77x."""
+    for run in runners.values():
         for _ in range(max(5, calls // 5)):
             run()
-    per: tuple[list[float], list[float]] = ([], [])
+    per: dict[Any, list[float]] = {key: [] for key in runners}
     for _ in range(rounds):
-        for run, times in zip((mine, plain), per, strict=True):
+        for key, run in runners.items():
             t = time.perf_counter()
             for _ in range(calls):
                 run()
-            times.append((time.perf_counter() - t) / calls)
-    return statistics.median(per[0]), statistics.median(per[1])
+            per[key].append((time.perf_counter() - t) / calls)
+    return {key: statistics.median(times) for key, times in per.items()}
 
 
 def et_runner(path: pathlib.Path, inputs: Sequence[torch.Tensor]) -> Any:

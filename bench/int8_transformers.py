@@ -7,7 +7,8 @@ ViT-S-shaped classifier backbone (hidden 384, 6 heads, FFN 1536, 224 px, patch 1
 135M decoder (SmolLM2-135M's shape, full-sequence forward, 128 tokens). ``--layers N`` keeps each
 layer's shape and shortens the stack (the published table says which it used).
 
-Per model, latency per call (min/median/max over batches, after a warm-up) and file sizes of:
+Per model and runtime, latency per call (median over rounds that visit every file in turn, so a
+load spike lands on all of them) and file sizes of:
 
 * dualexport float, static int8 (PT2E, 8 calibration batches) and dynamic int8 (``int8-dynamic``:
   per-channel int8 weights, activations quantized at run time), each on ONNX Runtime and ExecuTorch;
@@ -19,6 +20,9 @@ Per model, latency per call (min/median/max over batches, after a warm-up) and f
 
 Each file's output is compared with the float model's (cosine), so a fast but wrong file shows.
 
+The exports can share the machine (``--phase export --out DIR``); the timing wants it idle
+(``--phase measure --out DIR``, which reads ``DIR/<model>/files.json``) and prints the markdown table.
+
 Run: ``python bench/int8_transformers.py [--layers N] [--models bert vit decoder]``; not part of
 ``make bench`` (a BERT-base exported three times takes tens of minutes on 2 cores).
 """
@@ -26,6 +30,7 @@ Run: ``python bench/int8_transformers.py [--layers N] [--models bert vit decoder
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -42,9 +47,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from _common import fmt, quiet  # noqa: E402
+from _common import quiet  # noqa: E402
 from _models import smollm2_135m  # noqa: E402
-from _plain import latency, ort_runner, plain_lower, plain_onnx  # noqa: E402
+from _plain import latency_rounds, ort_runner, plain_lower, plain_onnx  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- models
@@ -169,14 +174,23 @@ def _cosine(a: Any, b: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------- the run
-def run_model(name: str, layers: int, out: pathlib.Path, calls: int) -> None:
+LABELS = ("dx float", "dx static int8", "dx dynamic int8", "ORT quantize_dynamic", "plain PT2E dynamic")
+
+
+def export_model(name: str, layers: int, out: pathlib.Path) -> None:
+    """Every file of one model, listed in ``out/name/files.json`` for the measuring phase."""
     model, inputs = MODELS[name](layers)
     args = inputs(0)
-    want = _float_output(model, args)
     params = sum(p.numel() for p in model.parameters())
     print(f"\n== {name}: {layers} layers, {params / 1e6:.0f} M parameters", flush=True)
     calib = [inputs(s) for s in range(1, 9)]
-    files: dict[str, dict[str, pathlib.Path]] = {}
+    listing: dict[str, Any] = {
+        "layers": layers,
+        "params_m": params / 1e6,
+        "files": {},
+        "seconds": {},
+        "fails": {},
+    }
     for label, quantize in (
         ("dx float", None),
         ("dx static int8", "int8"),
@@ -186,68 +200,103 @@ def run_model(name: str, layers: int, out: pathlib.Path, calls: int) -> None:
             model, args, out / name / label.replace(" ", "_"), quantize, calib if quantize == "int8" else None
         )
         if isinstance(done, str):
+            listing["fails"][label] = done
             print(f"{label}: {done}")
             continue
-        files[label], seconds = done
-        print(f"export {label:18s} {seconds:6.1f} s", flush=True)
+        paths, seconds = done
+        listing["files"][label] = {t: str(p) for t, p in paths.items()}
+        listing["seconds"][label] = seconds
+        print(f"export {label:22s} {seconds:6.1f} s", flush=True)
     for label, make in (
         ("ORT quantize_dynamic", lambda: {"onnx": _ort_quantize_dynamic(model, args, out / name / "ort")}),
         ("plain PT2E dynamic", lambda: {"xnnpack": _plain_pt2e(model, args, out / name / "pt2e")}),
     ):
         t = time.perf_counter()
         try:
-            files[label] = make()
-            print(f"export {label:18s} {time.perf_counter() - t:6.1f} s", flush=True)
+            listing["files"][label] = {k: str(v) for k, v in make().items()}
+            listing["seconds"][label] = time.perf_counter() - t
+            print(f"export {label:22s} {listing['seconds'][label]:6.1f} s", flush=True)
         except Exception as exc:  # the plain flow's own failure is a result here
-            print(f"{label}: fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-    _measure(files, args, want, calls)
+            listing["fails"][label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            print(f"{label}: fails: {listing['fails'][label]}")
+    (out / name / "files.json").write_text(json.dumps(listing, indent=1))
 
 
-def _measure(
-    files: dict[str, dict[str, pathlib.Path]], args: tuple[Any, ...], want: torch.Tensor, calls: int
-) -> None:
-    rows: dict[tuple[str, str], tuple[float, float, float]] = {}
-    for label, by_target in files.items():
-        for target, path in by_target.items():
-            runner = (ort_runner if target == "onnx" else et_runner)(path, list(args))
-            got = runner()
-            cos = _cosine(got[0], want)
-            rows[label, target] = latency(runner, calls=calls)
-            size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-            print(
-                f"{label:22s} {target:8s} {size / 1e6:8.1f} MB  cosine vs float {cos:.5f}  {fmt(rows[label, target])}",
-                flush=True,
+def measure_model(name: str, out: pathlib.Path, calls: int, rounds: int) -> list[str]:
+    """Latency of every file of one model, per runtime in interleaved rounds; markdown rows."""
+    listing = json.loads((out / name / "files.json").read_text())
+    model, inputs = MODELS[name](listing["layers"])
+    args = inputs(0)
+    want = _float_output(model, args)
+    del model
+    rows = []
+    for target, make_runner in (("onnx", ort_runner), ("xnnpack", et_runner)):
+        runners: dict[str, Callable[[], Any]] = {}
+        cosine: dict[str, float] = {}
+        size: dict[str, float] = {}
+        for label in LABELS:
+            path_s = listing["files"].get(label, {}).get(target)
+            if path_s is None:
+                continue
+            path = pathlib.Path(path_s)
+            runners[label] = make_runner(path, list(args))
+            cosine[label] = _cosine(runners[label]()[0], want)
+            size[label] = sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+        medians = latency_rounds(runners, calls=calls, rounds=rounds)
+        base = medians.get("dx float")
+        runtime = "ONNX Runtime" if target == "onnx" else "ExecuTorch"
+        for label, median in medians.items():
+            vs_float = f"{median / base:.2f}x" if base else ""
+            vs_anchor = ""
+            anchor = "ORT quantize_dynamic" if target == "onnx" else "plain PT2E dynamic"
+            if label == "dx dynamic int8" and anchor in medians:
+                vs_anchor = f"{median / medians[anchor]:.2f}x"
+            row = (
+                f"| {name} ({listing['layers']} layers, {listing['params_m']:.0f} M) | {runtime} | {label} | "
+                f"{size[label]:.1f} | {cosine[label]:.5f} | {median * 1e3:.2f} | {vs_float} | {vs_anchor} |"
             )
-    for target in ("onnx", "xnnpack"):
-        base = rows.get(("dx float", target))
-        for label in ("dx static int8", "dx dynamic int8"):
-            if base and (label, target) in rows:
-                print(f"{target:8s} {label} / dx float: median {rows[label, target][1] / base[1]:.2f}x")
-    anchor = rows.get(("ORT quantize_dynamic", "onnx"))
-    if anchor and ("dx dynamic int8", "onnx") in rows:
-        print(
-            f"onnx     dx dynamic int8 / ORT quantize_dynamic: median {rows['dx dynamic int8', 'onnx'][1] / anchor[1]:.2f}x"
-        )
-    anchor = rows.get(("plain PT2E dynamic", "xnnpack"))
-    if anchor and ("dx dynamic int8", "xnnpack") in rows:
-        print(
-            f"xnnpack  dx dynamic int8 / plain PT2E dynamic: median "
-            f"{rows['dx dynamic int8', 'xnnpack'][1] / anchor[1]:.2f}x"
-        )
+            print(row, flush=True)
+            rows.append(row)
+        for label in LABELS:
+            if label in listing["fails"] and (
+                label.startswith("dx") or (label == "ORT quantize_dynamic") == (target == "onnx")
+            ):
+                rows.append(
+                    f"| {name} | {runtime} | {label} | fails: {listing['fails'][label][:90]} | | | | |"
+                )
+        del runners
+    return rows
+
+
+HEADER = (
+    "| model | runtime | file | MB | cosine vs float | median ms | / dx float | dx dynamic / plain |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|"
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12, help="layers per model (the decoder keeps at most 30)")
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--calls", type=int, default=5, help="calls per file per round")
+    ap.add_argument("--rounds", type=int, default=11, help="rounds, each visiting every file of a runtime")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--phase",
+        choices=("all", "export", "measure"),
+        default="all",
+        help="export the files (may share the machine), measure them (wants it idle), or both",
+    )
     ns = ap.parse_args()
     quiet()
     out = pathlib.Path(ns.out or tempfile.mkdtemp(prefix="int8_transformers_"))
     print(f"{os.cpu_count()} cores, torch threads {torch.get_num_threads()}, files in {out}")
-    for name in ns.models:
-        run_model(name, ns.layers, out, ns.calls)
+    if ns.phase in ("all", "export"):
+        for name in ns.models:
+            export_model(name, ns.layers, out)
+    if ns.phase in ("all", "measure"):
+        rows = [row for name in ns.models for row in measure_model(name, out, ns.calls, ns.rounds)]
+        print("\n" + HEADER + "\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":
