@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     command = "scripts/gen_coverage.py" + (" --hf" if ns.hf else "") + (" --vision" if ns.vision else "")
     text = render(rows, cases, library_versions(), command)
+    if ns.out.is_file():
+        text += bench_section(ns.out.read_text())
     if ns.check:
         committed = {r.cells["case"] + "/" + r.cells["target"]: r.stable() for r in parse(ns.out.read_text())}
         diffs = [
@@ -98,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     tmp_out.replace(ns.out)
     print(f"wrote {ns.out}")
     return 1 if bad else 0
+
+
+#: The heading bench/bench_coverage.py gives its table in the same page (its ``write_doc``).
+BENCH_HEADING = "## Transformers architectures as users build them"
+
+
+def bench_section(page: str) -> str:
+    """The coverage bench's section of the page as it stands: its table takes hours to measure,
+    so regenerating this script's part must not drop it."""
+    if BENCH_HEADING not in page:
+        return ""
+    return "\n" + page[page.index(BENCH_HEADING) :].rstrip() + "\n"
 
 
 if __name__ == "__main__":
