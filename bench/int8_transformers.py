@@ -168,6 +168,14 @@ def et_runner(path: pathlib.Path, inputs: list[torch.Tensor]) -> Callable[[], An
     return lambda: runner.run(inputs)
 
 
+def _file_mb(path: pathlib.Path) -> float:
+    """What a user ships: the file and its weights beside it (``.onnx.data``, a big program's ``.ptd``)."""
+    parts = {path, *path.parent.glob(path.name + ".*")} | (
+        {path.with_suffix(".ptd")} if path.suffix == ".pte" else set()
+    )
+    return sum(p.stat().st_size for p in parts if p.is_file()) / 1e6
+
+
 def _cosine(a: Any, b: torch.Tensor) -> float:
     a = torch.as_tensor(a).float().flatten()
     return min(1.0, float(torch.nn.functional.cosine_similarity(a.double(), b.flatten().double(), dim=0)))
@@ -241,7 +249,7 @@ def measure_model(name: str, out: pathlib.Path, calls: int, rounds: int) -> list
             path = pathlib.Path(path_s)
             runners[label] = make_runner(path, list(args))
             cosine[label] = _cosine(runners[label]()[0], want)
-            size[label] = sum(p.stat().st_size for p in path.parent.glob(path.name + "*")) / 1e6
+            size[label] = _file_mb(path)
         medians = latency_rounds(runners, calls=calls, rounds=rounds)
         base = medians.get("dx float")
         runtime = "ONNX Runtime" if target == "onnx" else "ExecuTorch"
