@@ -298,3 +298,84 @@ def test_dynamic_shapes_stay_one_delegate(batch: int, seq: int, spec: str, tmp_p
     report = dx.compare(res)
     assert report.ok, report.to_markdown()
     assert res.artifacts["xnnpack"].outcome.proof.edges  # min, max-1, max
+
+
+class TinyEncoder(nn.Module):
+    """Encoder attention as transformers writes it for a padded batch, served with a dynamic batch
+    *and* sequence: a boolean padding mask ``[B, 1, 1, S]`` (BERT), no mask, a per-head additive
+    mask (T5's position bias plus padding: ``[B, H, S, S]``), grouped-query heads with
+    ``enable_gqa``; every head split ``view([B, S, H, E])`` and merge ``view([B, S, H * E])``
+    carries two symbolic sizes."""
+
+    def __init__(self, d: int = 32, heads: int = 4, max_seq: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.k = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+        self.v = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
+        self.kv_small = nn.Linear(d, d)  # two key/value heads of 8, keys then values
+        self.o = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
+        self.bias = nn.Parameter(torch.randn(1, heads, max_seq, max_seq))
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        keep = attention_mask.bool()[:, None, None, :]
+        additive = self.bias[:, :, :s, :s] + (1.0 - attention_mask[:, None, None, :].float()) * -1e9
+        for i, kw in enumerate([{"attn_mask": keep}, {}, {"attn_mask": additive}, {}]):
+            q = _heads(self.q[i](x), self.heads)
+            if i < 3:
+                k, v = _heads(self.k[i](x), self.heads), _heads(self.v[i](x), self.heads)
+            else:
+                kv = self.kv_small(x)
+                k, v = _heads(kv[..., :16], 2), _heads(kv[..., 16:], 2)
+                kw = {"attn_mask": keep, "enable_gqa": True}
+            out = F.scaled_dot_product_attention(q, k, v, **kw)
+            x = x + self.o[i](out.transpose(1, 2).reshape(b, s, -1))
+        return x
+
+
+def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) -> None:
+    """With batch and sequence both dynamic, every head split and merge would be a view with two
+    symbolic sizes that XNNPACK refuses (one subgraph per layer and more): the per-head form
+    (``xnnpack_heads.py``) keeps every layer in the delegate, with no view left in any; both
+    files match eager on a padded batch with a sequence that is all padding (its rows fully
+    masked: zeros) and at the ranges' edges; the weights are checked from disk."""
+    from dualexport.exporters.xnnpack_heads import XnnpackHeadAttention
+
+    torch.manual_seed(0)
+    model = TinyEncoder().eval()
+    x = torch.randn(3, 7, 32)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    mask[2, :] = 0  # all padding: every query row fully masked
+    batch, seq = Dim("batch", min=1, max=6), Dim("seq", min=2, max=16)
+    spec = ({0: batch, 1: seq}, {0: batch, 1: seq})
+
+    shared = SharedProgram.capture(model, (x, mask), None, spec)
+    shared.apply_passes(shared_passes(ExportOptions()))
+    rewritten = XnnpackHeadAttention()(shared.exported_program).program
+    ops = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.dualexport.xnnpack_head_attention.default) == 4, ops
+    assert SDPA not in ops
+
+    res = _export(model, (x, mask), tmp_path, dynamic_shapes=spec)
+    d = res.artifacts["xnnpack"].delegation
+    # Every layer inside one delegate; the per-head mask (bias + padding, computed by delegated
+    # adds) is picked per head by portable selects: one split there, none per layer.
+    assert d.subgraphs <= 2, d.to_markdown()
+    assert _compute_share(d) >= 0.85, d.to_markdown()
+    outside = {op for op, (_, n) in d.by_op.items() if n}
+    assert not outside & {
+        "aten_bmm_default",
+        "aten_linear_default",
+        "aten__softmax_default",
+        "aten_cat_default",
+    }
+    assert d.by_op.get("aten_view_copy_default", (0, 0))[1] <= 1, d.to_markdown()  # the shared mask's layout
+    res.verify_weights()
+    report = dx.compare(res, generate=2)
+    assert report.ok, report.to_markdown()
+    with torch.no_grad():
+        want = model(x, mask)
+    assert float(want[2].std()) > 1e-2 and float(want[0].std()) > 1e-2
+    assert res.artifacts["xnnpack"].outcome.proof.edges

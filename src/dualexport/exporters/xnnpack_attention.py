@@ -46,7 +46,7 @@ from ..shared_state.passes.graph_edit import (
     lift_constant,
 )
 
-__all__ = ["XnnpackAttention", "ATTENTION_TABLE", "copy_program"]
+__all__ = ["XnnpackAttention", "ATTENTION_TABLE", "copy_program", "plan_attention", "mask_layout"]
 
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
@@ -181,7 +181,7 @@ class _Plan:
     scale: float
 
 
-def _plan(program: ExportedProgram, node: torch.fx.Node) -> _Plan | None:
+def plan_attention(program: ExportedProgram, node: torch.fx.Node) -> _Plan | None:
     q, k, v = (cast(Any, a) for a in node.args[:3])
     if argument(node, "dropout_p", 0.0):
         return None
@@ -258,7 +258,7 @@ def _elementwise_with_scalars(node: torch.fx.Node) -> bool:
     return node.target in _SCALAR_OPS and len(node.args) == 2 and isinstance(node.args[1], (int, float))
 
 
-def _laid_out(
+def mask_layout(
     graph: torch.fx.Graph, mask: torch.fx.Node, heads_kv: int, group: int, fake_mode: Any
 ) -> torch.fx.Node:
     """``mask`` in the grouped ``bmm`` layout, once. With two dynamic sizes (a sequence's mask is
@@ -295,7 +295,7 @@ class XnnpackAttention(ProgramPass):
         names = [
             n.name
             for n in program.graph.nodes
-            if n.op == "call_function" and n.target is _SDPA and _plan(program, n)
+            if n.op == "call_function" and n.target is _SDPA and plan_attention(program, n)
         ]
         if not names:
             return program
@@ -305,7 +305,7 @@ class XnnpackAttention(ProgramPass):
         by_name = {n.name: n for n in graph.nodes}
         layouts: dict[tuple[Any, int, int], torch.fx.Node] = {}
         for name in names:
-            plan = _plan(new, by_name[name])
+            plan = plan_attention(new, by_name[name])
             if plan is None:
                 continue
             mask3 = None
@@ -327,7 +327,7 @@ class XnnpackAttention(ProgramPass):
                 key = (plan.mask, plan.heads_kv, plan.group)
                 mask3 = layouts.get(key)
                 if mask3 is None:
-                    mask3 = _laid_out(graph, plan.mask, plan.heads_kv, plan.group, fake_mode)
+                    mask3 = mask_layout(graph, plan.mask, plan.heads_kv, plan.group, fake_mode)
                     layouts[key] = mask3
             node = plan.node
             with graph.inserting_before(node):

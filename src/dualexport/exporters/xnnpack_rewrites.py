@@ -31,6 +31,7 @@ from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.fold import fold_constants
 from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
 from .xnnpack_dynamic import DYNAMIC_PASSES
+from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
 from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
 
 __all__ = [
@@ -390,9 +391,14 @@ decompose_layer_norm: dict[Any, Callable[..., Any]] = {
     aten.layer_norm.default: _layer_norm,
     aten.group_norm.default: _group_norm,
 }
-#: SDPA itself is rewritten by ``XnnpackAttention`` (``xnnpack_attention.py``) into two private
-#: ops, which these entries expand; batched ``matmul`` (eager attention) becomes ``bmm``.
-attention_as_bmm: dict[Any, Callable[..., Any]] = {**ATTENTION_TABLE, aten.matmul.default: _matmul}
+#: SDPA itself is rewritten by ``XnnpackHeadAttention`` (``xnnpack_heads.py``: batch and sequence
+#: dynamic) or ``XnnpackAttention`` (``xnnpack_attention.py``) into private ops, which these
+#: entries expand; batched ``matmul`` (eager attention) becomes ``bmm``.
+attention_as_bmm: dict[Any, Callable[..., Any]] = {
+    **ATTENTION_TABLE,
+    **HEADS_TABLE,
+    aten.matmul.default: _matmul,
+}
 views_for_shape_ops: dict[Any, Callable[..., Any]] = {
     aten.squeeze.dim: _as_view(aten.squeeze.dim),
     aten.squeeze.dims: _as_view(aten.squeeze.dims),
@@ -451,7 +457,7 @@ class FoldDecomposed(ProgramPass):
         return fold_constants(program, drop_unused=False)
 
 
-BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackAttention(),)
+BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackHeadAttention(), XnnpackAttention())
 AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     FoldDecomposed(),
     UntieEmbeddings(),

@@ -19,7 +19,7 @@ from .scalars import AssertOnlyScalars
 
 #: Canonicalizations that read folded constants: run after ``FoldConstants`` (with
 #: ExportOptions.canonicalize).
-AFTER_FOLDING: tuple[ProgramPass, ...] = (IndexAsView(), ExplicitMaskedRows(), FoldSymbolic())
+AFTER_FOLDING: tuple[ProgramPass, ...] = (IndexAsView(), FoldSymbolic(), ExplicitMaskedRows(), FoldSymbolic())
 
 __all__ = [
     # the protocol
