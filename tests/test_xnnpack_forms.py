@@ -108,6 +108,31 @@ def test_shape_only_values_fold_as_checked_slices() -> None:
         torch.testing.assert_close(shared.run_eager(y), model(y), rtol=0, atol=0)
 
 
+def test_a_folded_value_written_in_place_is_read_through_a_copy() -> None:
+    """T5's relative position buckets: ``buckets += ...`` writes into a shape-only value. Folded
+    as a slice of a constant, the write would change the constant, and each later call would
+    read larger buckets (T5's embedding: 'index out of range' on the second call)."""
+
+    class Buckets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(40, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = x.shape[1]
+            pos = torch.arange(s)
+            buckets = (pos[None, :] - pos[:, None]).abs()
+            buckets += 1  # in place, as transformers' _relative_position_bucket
+            return x + self.emb(buckets).sum(1)
+
+    model = Buckets().eval()
+    shared = SharedProgram.capture(model, (torch.randn(1, 5, 4),), None, ({1: Dim("s", min=2, max=12)},))
+    assert shared.apply_passes([FoldSymbolic()])[0].modified
+    for s in (12, 12, 7, 12):  # the same size again: a constant written by the last call would show
+        y = torch.randn(1, s, 4)
+        torch.testing.assert_close(shared.run_eager(y), model(y), rtol=0, atol=0)
+
+
 def test_a_value_that_is_not_a_prefix_is_not_folded() -> None:
     """``arange(s)`` reversed is no slice of its largest value: it stays computed."""
 

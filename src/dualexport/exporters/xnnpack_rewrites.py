@@ -139,12 +139,20 @@ def _hardsigmoid(x: torch.Tensor) -> Any:
 def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """``mean`` over the innermost one or two dims as XNNPACK's global average pooling: the
     input seen as ``[N, 1, 1, D]`` (or ``[N, 1, H, W]``), mean over dims (2, 3) kept, then the
-    result's shape (XNNPACK takes ``mean.dim`` only on 4-D, dims (2, 3), keepdim)."""
-    if dtype is not None or x.dtype != torch.float32 or not _viewable(x.shape) or not dims or x.dim() < 1:
+    result's shape (XNNPACK takes ``mean.dim`` only on 4-D, dims (2, 3), keepdim). With two
+    dynamic sizes, a kept mean over the last dim is a ``linear`` instead."""
+    if dtype is not None or x.dtype != torch.float32 or not dims or x.dim() < 1:
         return NotImplemented
     rank = x.dim()
     axes = sorted({d % rank for d in dims})
     if not _static([x.shape[a] for a in axes]):
+        return NotImplemented
+    if axes == [rank - 1] and keepdim and not _viewable(x.shape):
+        # batch and sequence dynamic (T5's RMSNorm): a view to [N, 1, 1, D] and back would carry
+        # two symbolic sizes; a fully connected layer with one output (a row of 1/D) needs none
+        d = x.shape[rank - 1]
+        return aten.linear.default(x, torch.full((1, d), 1.0 / d, dtype=x.dtype))
+    if not _viewable(x.shape):
         return NotImplemented
     if rank == 4 and axes == [2, 3] and keepdim:
         return NotImplemented  # already the form XNNPACK takes

@@ -28,7 +28,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
-from .fold import _NEVER_FOLD, FOLD_MAX_BYTES, _constant_inputs, _foldable_op
+from .fold import _NEVER_FOLD, FOLD_MAX_BYTES, _constant_inputs, _foldable_op, _written
 from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of, lift_constant
 
 __all__ = ["FoldSymbolic", "CHECK_BUDGET"]
@@ -154,8 +154,9 @@ class FoldSymbolic(ProgramPass):
         changed = False
         fake_mode = fake_mode_of(program)
         sizes: dict[sympy.Symbol, torch.fx.Node] = {}
+        written = _written(graph)
         for node in frontier:
-            folded = self._fold(program, node, order, fake_mode, sizes, user)
+            folded = self._fold(program, node, order, fake_mode, sizes, user, node in written)
             changed = changed or folded
         changed = _drop_unit_factors(program) or changed
         if changed:
@@ -173,7 +174,11 @@ class FoldSymbolic(ProgramPass):
         fake_mode: Any,
         sizes: dict[sympy.Symbol, torch.fx.Node],
         user: set[str],
+        written: bool,
     ) -> bool:
+        """``node`` as a slice of its value at the range's maximum, when checked at every size. A
+        value an in-place op then writes (T5's ``relative_buckets += ...``) is read through a
+        copy: writing into the slice would change the constant, and every later call with it."""
         val = node.meta["val"]
         symbols = _free_symbols(val)
         if len(symbols) != 1:
@@ -212,6 +217,8 @@ class FoldSymbolic(ProgramPass):
         with graph.inserting_before(node):
             for d in dims:
                 out = call(graph, aten.slice.Tensor, (out, d, 0, size), fake_mode=fake_mode)
+            if written:
+                out = call(graph, aten.clone.default, (out,), fake_mode=fake_mode)
         out.meta["val"] = val  # the same symbolic shape as the value it replaces
         node.replace_all_uses_with(out)
         return True
