@@ -150,6 +150,7 @@ class FoldSymbolic(ProgramPass):
             if isinstance(n.meta.get("val"), torch.Tensor)
             and _free_symbols(n.meta["val"])
             and any(u not in shape_only for u in n.users)
+            and not _folded_form(n, constants)
         ]
         changed = False
         fake_mode = fake_mode_of(program)
@@ -222,6 +223,17 @@ class FoldSymbolic(ProgramPass):
         out.meta["val"] = val  # the same symbolic shape as the value it replaces
         node.replace_all_uses_with(out)
         return True
+
+
+def _folded_form(node: torch.fx.Node, constants: set[str]) -> bool:
+    """Whether ``node`` is already what this pass writes (slices of a lifted constant, maybe
+    copied): the pass runs twice in the shared pipeline and must not check and fold it again."""
+    while node.op == "call_function" and node.target in (aten.slice.Tensor, aten.clone.default):
+        first = node.args[0]
+        if not isinstance(first, torch.fx.Node):
+            return False
+        node = first
+    return node.op == "placeholder" and node.name in constants
 
 
 def _as_int(bound: Any) -> int | None:
