@@ -51,6 +51,8 @@ __all__ = ["XnnpackAttention", "ATTENTION_TABLE", "copy_program", "plan_attentio
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
 _VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+#: the largest mask layout stored as a constant when it is bigger than the mask it lays out
+_LAID_CONSTANT_BYTES = 16 << 20
 
 
 # ---------------------------------------------------------------------------------- the math
@@ -258,14 +260,51 @@ def _elementwise_with_scalars(node: torch.fx.Node) -> bool:
     return node.target in _SCALAR_OPS and len(node.args) == 2 and isinstance(node.args[1], (int, float))
 
 
+def _sliced_constant(
+    program: ExportedProgram, node: torch.fx.Node
+) -> tuple[torch.Tensor, list[tuple[int, Any]]] | None:
+    """``(value, [(dim, end), ...])`` when ``node`` reads a 4-D lifted constant through prefix
+    slices of its last two dims (outermost last), copies and identity views: ``FoldSymbolic``'s
+    form of a shape-only mask, e.g. a causal mask under a dynamic sequence."""
+    slices: list[tuple[int, Any]] = []
+    cur: Any = node
+    while isinstance(cur, torch.fx.Node) and cur.op == "call_function":
+        src = cur.args[0] if cur.args else None
+        if not isinstance(src, torch.fx.Node):
+            return None
+        if cur.target in (aten.clone.default, aten.alias.default) or (
+            cur.target in _VIEWS and str(cur.meta["val"].shape) == str(src.meta["val"].shape)
+        ):
+            cur = src
+            continue
+        if cur.target is not aten.slice.Tensor:
+            return None
+        dim, start, end, step = cast(
+            "list[Any]", (list(cur.args[1:]) + [0, None, None, 1][len(cur.args) - 1 :])[:4]
+        )
+        if not isinstance(dim, int) or dim % 4 not in (2, 3) or start not in (0, None) or step != 1:
+            return None
+        slices.append((dim % 4, end))
+        cur = src
+    if not isinstance(cur, torch.fx.Node) or cur.op != "placeholder":
+        return None
+    name = program.graph_signature.inputs_to_lifted_tensor_constants.get(cur.name)
+    value = program.constants.get(name) if name is not None else None
+    if not isinstance(value, torch.Tensor) or value.dim() != 4:
+        return None
+    return value, slices[::-1]
+
+
 def mask_layout(
-    graph: torch.fx.Graph, mask: torch.fx.Node, heads_kv: int, group: int, fake_mode: Any
+    program: ExportedProgram, mask: torch.fx.Node, heads_kv: int, group: int, fake_mode: Any
 ) -> torch.fx.Node:
     """``mask`` in the grouped ``bmm`` layout, once. With two dynamic sizes (a sequence's mask is
     ``[.., S, S]``) the layout's reshape is one XNNPACK cannot take: it is then applied before the
     casts and scalar arithmetic that made the additive mask, and those after it, so that it sits
     with the other ops XNNPACK cannot take (the boolean mask's), before the delegate, instead of
-    between two delegated parts."""
+    between two delegated parts. A mask that is slices of a constant (a folded causal mask) is
+    laid out once, as a new constant, and sliced: no reshape runs at all."""
+    graph = program.graph
     chain = []
     source: Any = mask
     dynamic = sum(not isinstance(s, int) for s in mask.meta["val"].shape)
@@ -273,7 +312,19 @@ def mask_layout(
         chain.append(source)
         source = source.args[0]
     add = Inserter(graph, mask, fake_mode)
-    out = add(torch.ops.dualexport.xnnpack_bmm_mask.default, (source, heads_kv, group))
+    folded = _sliced_constant(program, source) if dynamic > 1 else None
+    laid = None
+    if folded is not None and (group == 1 or all(dim != 2 for dim, _ in folded[1])):
+        laid = _bmm_mask_math(folded[0], heads_kv, group).contiguous().clone()
+        if laid.nbytes > max(folded[0].nbytes, _LAID_CONSTANT_BYTES):
+            laid = None  # a per-head copy of a long sequence's mask: lay it out per call instead
+    if folded is not None and laid is not None:
+        slices = folded[1]
+        out = lift_constant(program, laid, prefix="_xnnpack_mask_layout", fake_mode=fake_mode)
+        for dim, end in slices:  # the layout keeps the rows and keys as its last two dims
+            out = add(aten.slice.Tensor, (out, dim - 1, 0, end))
+    else:
+        out = add(torch.ops.dualexport.xnnpack_bmm_mask.default, (source, heads_kv, group))
     for op in reversed(chain):
         out = add(op.target, (out, *op.args[1:]), op.kwargs)
     return out
@@ -327,7 +378,7 @@ class XnnpackAttention(ProgramPass):
                 key = (plan.mask, plan.heads_kv, plan.group)
                 mask3 = layouts.get(key)
                 if mask3 is None:
-                    mask3 = mask_layout(graph, plan.mask, plan.heads_kv, plan.group, fake_mode)
+                    mask3 = mask_layout(new, plan.mask, plan.heads_kv, plan.group, fake_mode)
                     layouts[key] = mask3
             node = plan.node
             with graph.inserting_before(node):

@@ -265,7 +265,7 @@ class XnnpackHeadAttention(ProgramPass):
         def layout(node: torch.fx.Node) -> torch.fx.Node:
             """A mask or row factor shared by the heads, ``[mb, 1, L, S]``, as ``[mb, L, S]``, once."""
             if node not in layouts:
-                layouts[node] = mask_layout(graph, node, 1, 1, fake_mode)
+                layouts[node] = mask_layout(new, node, 1, 1, fake_mode)
             return layouts[node]
 
         for name in names:
