@@ -200,7 +200,8 @@ def test_every_variant_is_one_delegate_with_parity(variants: tuple[dx.ExportResu
     assert d.subgraphs == 1, d.to_markdown()
     assert _compute_share(d) >= 0.9, d.to_markdown()  # five kinds of mask, each prepared once
     res.verify_weights()
-    report = dx.compare(res, generate=2)
+    # against eager on the padded example; the export's proof ran each file at the ranges' edges
+    report = dx.compare(res, edges=False)
     assert report.ok, report.to_markdown()
     ref = res.program.run_eager(*_padded())
     assert float(ref.std()) > 1e-2
@@ -304,16 +305,16 @@ class TinyEncoder(nn.Module):
     """Encoder attention as transformers writes it for a padded batch, served with a dynamic batch
     *and* sequence: a boolean padding mask ``[B, 1, 1, S]`` (BERT), no mask, a per-head additive
     mask (T5's position bias plus padding: ``[B, H, S, S]``), grouped-query heads with
-    ``enable_gqa``; every head split ``view([B, S, H, E])`` and merge ``view([B, S, H * E])``
+    ``enable_gqa`` and one key/value head (multi-query: its keys and values are not sliced); every head split ``view([B, S, H, E])`` and merge ``view([B, S, H * E])``
     carries two symbolic sizes."""
 
-    def __init__(self, d: int = 32, heads: int = 4, max_seq: int = 32) -> None:
+    def __init__(self, d: int = 32, heads: int = 2, max_seq: int = 32) -> None:
         super().__init__()
         self.heads = heads
         self.q = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
         self.k = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
         self.v = nn.ModuleList(nn.Linear(d, d) for _ in range(3))
-        self.kv_small = nn.Linear(d, d)  # two key/value heads of 8, keys then values
+        self.kv_small = nn.Linear(d, d)  # keys then values, half as many heads as queries
         self.o = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
         self.bias = nn.Parameter(torch.randn(1, heads, max_seq, max_seq))
 
@@ -327,7 +328,8 @@ class TinyEncoder(nn.Module):
                 k, v = _heads(self.k[i](x), self.heads), _heads(self.v[i](x), self.heads)
             else:
                 kv = self.kv_small(x)
-                k, v = _heads(kv[..., :16], 2), _heads(kv[..., 16:], 2)
+                half = kv.shape[-1] // 2
+                k, v = _heads(kv[..., :half], self.heads // 2), _heads(kv[..., half:], self.heads // 2)
                 kw = {"attn_mask": keep, "enable_gqa": True}
             out = F.scaled_dot_product_attention(q, k, v, **kw)
             x = x + self.o[i](out.transpose(1, 2).reshape(b, s, -1))
@@ -351,14 +353,12 @@ def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) ->
     batch, seq = Dim("batch", min=1, max=6), Dim("seq", min=2, max=16)
     spec = ({0: batch, 1: seq}, {0: batch, 1: seq})
 
-    shared = SharedProgram.capture(model, (x, mask), None, spec)
-    shared.apply_passes(shared_passes(ExportOptions()))
-    rewritten = XnnpackHeadAttention()(shared.exported_program).program
+    res = _export(model, (x, mask), tmp_path, dynamic_shapes=spec)
+    rewritten = XnnpackHeadAttention()(res.program.exported_program).program  # the shared program
     ops = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
     assert ops.count(torch.ops.dualexport.xnnpack_head_attention.default) == 4, ops
     assert SDPA not in ops
 
-    res = _export(model, (x, mask), tmp_path, dynamic_shapes=spec)
     d = res.artifacts["xnnpack"].delegation
     # Every layer inside one delegate; the per-head mask (bias + padding, computed by delegated
     # adds) is picked per head by portable selects: one split there, none per layer.
@@ -373,7 +373,8 @@ def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) ->
     }
     assert d.by_op.get("aten_view_copy_default", (0, 0))[1] <= 1, d.to_markdown()  # the shared mask's layout
     res.verify_weights()
-    report = dx.compare(res, generate=2)
+    # against eager on the padded example; the export's proof ran each file at the ranges' edges
+    report = dx.compare(res, edges=False)
     assert report.ok, report.to_markdown()
     with torch.no_grad():
         want = model(x, mask)

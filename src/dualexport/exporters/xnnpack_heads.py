@@ -60,6 +60,12 @@ def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return parts[0]
 
 
+def _head(x: torch.Tensor, h: int, e: int) -> torch.Tensor:
+    """Head ``h`` of ``x`` ``[B, L, H * e]``: ``x`` itself when it holds one head (multi-query
+    keys and values), where a full-width slice would be a copy XNNPACK refuses (dynamic input)."""
+    return x if x.shape[-1] == e else aten.slice.Tensor(x, -1, h * e, (h + 1) * e)
+
+
 def _head_attention_math(
     xq: torch.Tensor,
     xk: torch.Tensor,
@@ -79,11 +85,11 @@ def _head_attention_math(
     group = heads // heads_kv
     outs = []
     for j in range(heads_kv):
-        kt = aten.slice.Tensor(xk, -1, j * e, (j + 1) * e).transpose(1, 2)
-        vj = aten.slice.Tensor(xv, -1, j * ev, (j + 1) * ev)
+        kt = _head(xk, j, e).transpose(1, 2)
+        vj = _head(xv, j, ev)
         for i in range(group):
             h = j * group + i
-            scores = aten.bmm.default(aten.slice.Tensor(xq, -1, h * e, (h + 1) * e), kt) * scale
+            scores = aten.bmm.default(_head(xq, h, e), kt) * scale
             if mask is not None:
                 scores = scores + (aten.select.int(mask, 1, h) if mask.dim() == 4 else mask)
             probs = aten._softmax.default(scores, -1, False)
