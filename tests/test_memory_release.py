@@ -50,7 +50,6 @@ def _grown_by_second_lowering(lower) -> float:
     return _settle() - before
 
 
-@pytest.mark.slow  # two plain lowerings, to show the limit; the dualexport side runs by default
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
