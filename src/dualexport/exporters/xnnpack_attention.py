@@ -295,6 +295,21 @@ def _sliced_constant(
     return value, slices[::-1]
 
 
+def _laid_constant(
+    program: ExportedProgram, source: torch.fx.Node, heads_kv: int, group: int
+) -> tuple[torch.Tensor, list[tuple[int, Any]]] | None:
+    """The layout of a mask that is slices of a constant, computed once, and the slices to read
+    it with; None when the mask is not one, when a group's stacked rows would be sliced, or when
+    the layout (a copy per head) would outgrow the mask and :data:`_LAID_CONSTANT_BYTES`."""
+    folded = _sliced_constant(program, source)
+    if folded is None or (group > 1 and any(dim == 2 for dim, _ in folded[1])):
+        return None
+    value = _bmm_mask_math(folded[0], heads_kv, group).contiguous().clone()
+    if value.nbytes > max(folded[0].nbytes, _LAID_CONSTANT_BYTES):
+        return None
+    return value, folded[1]
+
+
 def mask_layout(
     program: ExportedProgram, mask: torch.fx.Node, heads_kv: int, group: int, fake_mode: Any
 ) -> torch.fx.Node:
@@ -312,15 +327,10 @@ def mask_layout(
         chain.append(source)
         source = source.args[0]
     add = Inserter(graph, mask, fake_mode)
-    folded = _sliced_constant(program, source) if dynamic > 1 else None
-    laid = None
-    if folded is not None and (group == 1 or all(dim != 2 for dim, _ in folded[1])):
-        laid = _bmm_mask_math(folded[0], heads_kv, group).contiguous().clone()
-        if laid.nbytes > max(folded[0].nbytes, _LAID_CONSTANT_BYTES):
-            laid = None  # a per-head copy of a long sequence's mask: lay it out per call instead
-    if folded is not None and laid is not None:
-        slices = folded[1]
-        out = lift_constant(program, laid, prefix="_xnnpack_mask_layout", fake_mode=fake_mode)
+    laid = _laid_constant(program, source, heads_kv, group) if dynamic > 1 else None
+    if laid is not None:
+        value, slices = laid
+        out = lift_constant(program, value, prefix="_xnnpack_mask_layout", fake_mode=fake_mode)
         for dim, end in slices:  # the layout keeps the rows and keys as its last two dims
             out = add(aten.slice.Tensor, (out, dim - 1, 0, end))
     else:
