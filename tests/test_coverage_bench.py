@@ -17,9 +17,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
 
 pytestmark = pytest.mark.slow
 
-#: (architecture, whether its dynamic shapes stay within XNNPACK 1.4.1's one dynamic size per
-#: reshape: a text encoder's batch and sequence together do not)
-CASES = [("llama", True), ("vit", True), ("bert", False)]
+#: (architecture, whether its dynamic shapes are checked too): BERT and ModernBERT with batch and
+#: sequence dynamic (per-head attention, xnnpack_heads.py; ModernBERT's fused q/k/v projection and
+#: rotary embeddings, xnnpack_head_inputs.py)
+CASES = [("llama", True), ("vit", True), ("bert", True), ("modernbert", True)]
 
 
 def _assert_export(row: dict[str, Any], share: float, label: str) -> None:

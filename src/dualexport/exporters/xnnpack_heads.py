@@ -18,8 +18,9 @@ selection reads activations), so the weight proof sees the same copies; the pric
 small matmul per head and projection, paid only by programs with two dynamic sizes.
 
 A call is rewritten only where ``xnnpack_attention.plan_attention`` proves that no row is fully
-masked (the guard-free softmax), its query, key and value are the head split of a 3-D tensor
-(``transpose(view(x, [B, L, H, E]), 1, 2)``, transformers' form), and its output reaches the
+masked (the guard-free softmax), its query, key and value are heads of 3-D tensors
+(``xnnpack_head_inputs.py``: transformers' head split, a fused q/k/v projection, rotary
+embeddings applied to the split), and its output reaches the
 head merge (``transpose(1, 2)`` then ``view([B, L, H * E])``) through identity views, copies and
 a product with a per-row factor (the shared program's fully-masked-row factor, ``[B, 1 or H, L, 1]``).
 Anything else keeps the batched form.
@@ -34,8 +35,9 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import call, fake_mode_of
+from ..shared_state.passes.graph_edit import call, drop_dead_code, fake_mode_of
 from .xnnpack_attention import copy_program, mask_layout, plan_attention
+from .xnnpack_head_inputs import Operand, operand, rotary_table, strip, swaps_1_2
 
 __all__ = ["XnnpackHeadAttention", "HEADS_TABLE"]
 
@@ -60,10 +62,23 @@ def _concat(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     return parts[0]
 
 
-def _head(x: torch.Tensor, h: int, e: int) -> torch.Tensor:
-    """Head ``h`` of ``x`` ``[B, L, H * e]``: ``x`` itself when it holds one head (multi-query
-    keys and values), where a full-width slice would be a copy XNNPACK refuses (dynamic input)."""
-    return x if x.shape[-1] == e else aten.slice.Tensor(x, -1, h * e, (h + 1) * e)
+def _head(x: torch.Tensor, h: int, e: int, at: int) -> torch.Tensor:
+    """Head ``h`` of ``x`` ``[B, L, n]``, its columns from ``at + h * e``: ``x`` itself when it
+    holds that one head (multi-query keys and values), where a full-width slice would be a copy
+    XNNPACK refuses (dynamic input)."""
+    start = at + h * e
+    return x if start == 0 and x.shape[-1] == e else aten.slice.Tensor(x, -1, start, start + e)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    """Rotary position embedding of one head ``[B, L, E]``: ``x * cos + rotate_half(x) * sin``."""
+    if cos is None or sin is None:
+        return x
+    half = x.shape[-1] // 2
+    rotated = aten.cat.default(
+        [aten.neg.default(aten.slice.Tensor(x, -1, half)), aten.slice.Tensor(x, -1, 0, half)], -1
+    )
+    return x * cos + rotated * sin
 
 
 def _head_attention_math(
@@ -75,21 +90,26 @@ def _head_attention_math(
     heads: int,
     heads_kv: int,
     scale: float,
+    dims: list[int],
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``xq`` ``[B, L, H * E]``, ``xk`` ``[B, S, Hkv * E]``, ``xv`` ``[B, S, Hkv * Ev]``; ``mask``
-    ``[mb, L, S]`` (every head's) or ``[mb, H, L, S]`` (one per head); ``factor``, a per-row
-    factor of the outputs, likewise ``[mb, L, 1]`` or ``[mb, H, L, 1]``. Returns the heads' outputs
-    merged, ``[B, L, H * Ev]``: query head ``h`` reads key/value head ``h // (H / Hkv)``."""
-    e = xq.shape[-1] // heads
-    ev = xv.shape[-1] // heads_kv
+    """Heads of ``xq`` ``[B, L, n]``, ``xk`` and ``xv`` ``[B, S, n]``, ``dims`` = ``[E, Ev, q_at,
+    k_at, v_at]``: head ``h`` of the queries is columns ``q_at + h * E`` onward (likewise keys and
+    values, ``Ev`` wide); ``mask`` ``[mb, L, S]`` (every head's) or ``[mb, H, L, S]`` (one per
+    head); ``factor``, a per-row factor of the outputs, likewise ``[mb, L, 1]`` or ``[mb, H, L, 1]``;
+    ``cos``/``sin`` ``[b, L, E]``, a rotary embedding of the queries and keys (self-attention: one
+    table for both). Returns the heads' outputs merged, ``[B, L, H * Ev]``: query head ``h`` reads
+    key/value head ``h // (H / Hkv)``."""
+    e, ev, q_at, k_at, v_at = dims
     group = heads // heads_kv
     outs = []
     for j in range(heads_kv):
-        kt = _head(xk, j, e).transpose(1, 2)
-        vj = _head(xv, j, ev)
+        kt = _rotate(_head(xk, j, e, k_at), cos, sin).transpose(1, 2)
+        vj = _head(xv, j, ev, v_at)
         for i in range(group):
             h = j * group + i
-            scores = aten.bmm.default(_head(xq, h, e), kt) * scale
+            scores = aten.bmm.default(_rotate(_head(xq, h, e, q_at), cos, sin), kt) * scale
             if mask is not None:
                 scores = scores + (aten.select.int(mask, 1, h) if mask.dim() == 4 else mask)
             probs = aten._softmax.default(scores, -1, False)
@@ -110,9 +130,12 @@ def xnnpack_head_attention(
     heads: int,
     heads_kv: int,
     scale: float,
+    dims: list[int],
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention on unsplit heads whose rows all have a visible key (see the module docstring)."""
-    return _head_attention_math(xq, xk, xv, mask, factor, heads, heads_kv, scale).clone()
+    return _head_attention_math(xq, xk, xv, mask, factor, heads, heads_kv, scale, dims, cos, sin).clone()
 
 
 @xnnpack_head_attention.register_fake
@@ -125,8 +148,11 @@ def _(
     heads: int,
     heads_kv: int,
     scale: float,
+    dims: list[int],
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return xq.new_empty((*xq.shape[:-1], heads * (xv.shape[-1] // heads_kv)))
+    return xq.new_empty((*xq.shape[:-1], heads * dims[1]))
 
 
 #: The XNNPACK decomposition-table entry that expands the private op.
@@ -141,37 +167,6 @@ def _shape(node: Any) -> tuple[Any, ...] | None:
 
 def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
-
-
-def _swaps_1_2(node: torch.fx.Node) -> bool:
-    """``transpose(x, 1, 2)`` of a 4-D tensor, in either spelling."""
-    if node.op != "call_function":
-        return False
-    args: Any = node.args
-    if node.target is aten.transpose.int:
-        return sorted(d % 4 for d in args[1:3]) == [1, 2]
-    if node.target is aten.permute.default:
-        return [d % 4 for d in args[1]] == [0, 2, 1, 3]
-    return False
-
-
-def _unsplit(node: Any) -> torch.fx.Node | None:
-    """``x`` ``[B, L, H * E]`` when ``node`` is its head split ``transpose(view(x, [B, L, H, E]), 1, 2)``."""
-    if not isinstance(node, torch.fx.Node) or not _swaps_1_2(node):
-        return None
-    view = node.args[0]
-    if not isinstance(view, torch.fx.Node) or view.target not in _VIEWS:
-        return None
-    x = view.args[0]
-    split, whole = _shape(view), _shape(x)
-    if split is None or whole is None or len(split) != 4 or len(whole) != 3:
-        return None
-    h, e = split[2], split[3]
-    if not (isinstance(h, int) and isinstance(e, int)) or not _same(whole[2], h * e):
-        return None
-    if not (_same(whole[0], split[0]) and _same(whole[1], split[1])):
-        return None
-    return cast(torch.fx.Node, x)
 
 
 @dataclass(frozen=True)
@@ -219,7 +214,7 @@ def _merge(sdpa: torch.fx.Node) -> _Merge | None:
             factors.append(factor)
             cur = user
             continue
-        if not _swaps_1_2(user):
+        if not swaps_1_2(user):
             return None
         swapped = user
         while len(swapped.users) == 1 and next(iter(swapped.users)).target in _COPIES:
@@ -245,6 +240,28 @@ def _two_dynamic(q: torch.Tensor, k: torch.Tensor) -> bool:
     return not isinstance(q.shape[0], int) and not (
         isinstance(q.shape[2], int) and isinstance(k.shape[2], int)
     )
+
+
+def _operands(program: ExportedProgram, node: torch.fx.Node) -> tuple[Operand, Operand, Operand] | None:
+    """The query, key and value of an SDPA call as heads of merged tensors, when the per-head form
+    can read them: the heads counts and widths the call's, one rotary table for the queries and
+    keys (or none), none for the values."""
+    plan = plan_attention(program, node)
+    if plan is None:
+        return None
+    found = [operand(t) for t in (plan.q, plan.k, plan.v)]
+    oq, ok, ov = found
+    if oq is None or ok is None or ov is None:
+        return None
+    if oq.heads != _shape(plan.q)[1] or ok.heads != plan.heads_kv or ov.heads != plan.heads_kv:  # type: ignore[index]
+        return None
+    if oq.dim != ok.dim or ov.rotary is not None:
+        return None
+    if oq.rotary is None or ok.rotary is None:
+        return (oq, ok, ov) if oq.rotary is ok.rotary else None
+    if any(strip(a) is not strip(b) for a, b in zip(oq.rotary, ok.rotary, strict=True)):
+        return None
+    return oq, ok, ov
 
 
 class XnnpackHeadAttention(ProgramPass):
@@ -274,31 +291,52 @@ class XnnpackHeadAttention(ProgramPass):
                 layouts[node] = mask_layout(new, node, 1, 1, fake_mode)
             return layouts[node]
 
+        tables: dict[torch.fx.Node, torch.fx.Node] = {}
+
+        def table(node: torch.fx.Node) -> torch.fx.Node:
+            """A rotary ``cos`` or ``sin`` ``[b, 1, L, E]`` as ``[b, L, E]``, once."""
+            if node not in tables:
+                tables[node] = rotary_table(graph, node, fake_mode)
+            return tables[node]
+
         for name in names:
             node = by_name[name]
             plan = plan_attention(new, node)
             merge = _merge(node)
-            assert plan is not None and merge is not None  # as in _rewritable, on the same graph
-            xq, xk, xv = (_unsplit(t) for t in (plan.q, plan.k, plan.v))
-            assert xq is not None and xk is not None and xv is not None
+            operands = _operands(new, node)
+            assert plan is not None and merge is not None and operands is not None  # as in _rewritable
+            oq, ok, ov = operands
             mask, factor = plan.mask, merge.factor
             if mask is not None and _same(_shape(mask)[1], 1):  # type: ignore[index]
                 mask = layout(mask)
             if factor is not None and _same(_shape(factor)[1], 1):  # type: ignore[index]
                 factor = layout(factor)
-            heads = _shape(plan.q)[1]  # type: ignore[index]
+            cos, sin = (table(t) for t in oq.rotary) if oq.rotary else (None, None)
+            dims = [oq.dim, ov.dim, oq.offset, ok.offset, ov.offset]
             with graph.inserting_before(merge.merged):
                 out = call(
                     graph,
                     torch.ops.dualexport.xnnpack_head_attention.default,
-                    (xq, xk, xv, mask, factor, heads, plan.heads_kv, plan.scale),
+                    (
+                        oq.source,
+                        ok.source,
+                        ov.source,
+                        mask,
+                        factor,
+                        oq.heads,
+                        plan.heads_kv,
+                        plan.scale,
+                        dims,
+                        cos,
+                        sin,
+                    ),
                     fake_mode=fake_mode,
                 )
             out.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
             merge.merged.replace_all_uses_with(out)
             for dead in reversed(merge.path):  # SDPA is tagged nondeterministic: DCE keeps it
                 graph.erase_node(dead)
-        graph.eliminate_dead_code()
+        drop_dead_code(graph)
         graph.lint()
         new.graph_module.recompile()
         return new
@@ -311,7 +349,7 @@ class XnnpackHeadAttention(ProgramPass):
         q, k = plan.q.meta["val"], plan.k.meta["val"]
         if not _two_dynamic(q, k):
             return False
-        if any(_unsplit(t) is None for t in (plan.q, plan.k, plan.v)):
+        if _operands(program, node) is None:
             return False
         if plan.mask is not None:
             shape = _shape(plan.mask)

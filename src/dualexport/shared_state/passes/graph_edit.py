@@ -21,6 +21,7 @@ from ...compat.torch import detect_fake_mode, graph_used_names, op_schema, set_g
 __all__ = [
     "lift_constant",
     "drop_dead_constants",
+    "drop_dead_code",
     "call",
     "Inserter",
     "argument",
@@ -141,6 +142,26 @@ class Inserter:
         with self.graph.inserting_after(self.cursor):
             self.cursor = call(self.graph, op, args, kwargs, fake_mode=self.fake_mode)
         return self.cursor
+
+
+def drop_dead_code(graph: torch.fx.Graph) -> None:
+    """``eliminate_dead_code``, and the dtype asserts (``_assert_tensor_metadata``, from a
+    ``.to()`` or ``.float()``) on tensors nothing else reads: they count as side effects and kept
+    alive a chain a rewrite had replaced."""
+    check = torch.ops.aten._assert_tensor_metadata.default
+    while True:
+        graph.eliminate_dead_code()
+        dead = [
+            n
+            for n in graph.nodes
+            if n.target is check
+            and isinstance(n.args[0], torch.fx.Node)
+            and all(u.target is check for u in n.args[0].users)
+        ]
+        if not dead:
+            return
+        for node in dead:
+            graph.erase_node(node)
 
 
 def argument(node: torch.fx.Node, name: str, default: Any = None) -> Any:
