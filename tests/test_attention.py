@@ -320,7 +320,8 @@ class TinyEncoder(nn.Module):
     ``enable_gqa`` and one key/value head (multi-query: its keys and values are not sliced), one
     fused q/k/v projection split by ``view([B, S, 3, H, E]).unbind(-3)`` with rotary embeddings
     from a table of positions ``arange(S)`` (ModernBERT), and separate projections with rotary
-    embeddings of positions counted from the padding mask (computed from an input); every head
+    embeddings of positions counted from the padding mask (computed from an input) on queries
+    scaled before it (ESM); every head
     split ``view([B, S, H, E])`` and merge ``view([B, S, H * E])`` carries two symbolic sizes."""
 
     def __init__(self, d: int = 32, heads: int = 2, max_seq: int = 32) -> None:
@@ -358,10 +359,12 @@ class TinyEncoder(nn.Module):
                 q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=-3))
                 q, k = _rotary(q, k, *self._table(torch.arange(s)[None]))
                 kw = {"attn_mask": keep}
-            else:  # rotary of positions counted from the padding: computed from an input
+            else:  # rotary of positions counted from the padding (computed from an input) on
+                # queries scaled before it, the attention's scale 1 (ESM)
                 q, k, v = (_heads(proj[-1](x), self.heads) for proj in (self.q, self.k, self.v))
+                q = q * q.shape[-1] ** -0.5
                 q, k = _rotary(q, k, *self._table((attention_mask.cumsum(-1) - 1).clamp(min=0)))
-                kw = {"attn_mask": keep}
+                kw = {"attn_mask": keep, "scale": 1.0}
             out = F.scaled_dot_product_attention(q, k, v, **kw)
             x = x + self.o[i](out.transpose(1, 2).reshape(b, s, -1))
         return x

@@ -4,6 +4,7 @@ One library limit is shown as the strict xfail it is (two dynamic sizes in one v
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -35,7 +36,8 @@ def _targets(program: torch.export.ExportedProgram) -> set[Any]:
 
 class Norms(nn.Module):
     """GroupNorm (wav2vec2's first conv), a strided slice (Cohere's rotary), ``x @ W.T``
-    (Falcon's linear), an empty part concatenated (Phi-3's rotary), a tied embedding and head."""
+    (Falcon's linear), an empty part concatenated (Phi-3's rotary), a tied embedding and head,
+    GELU written with ``erf`` (ESM's), in two orders of its products."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,6 +52,8 @@ class Norms(nn.Module):
         h = self.norm(self.conv(x)).transpose(1, 2)  # [N, L, 8]
         h = torch.cat((h[..., ::2], h[..., 1::2]), -1)
         h = torch.cat((h, h[..., :0]), -1) @ self.w.T  # [N, L, 6]
+        h = h * 0.5 * (1.0 + torch.erf(h / math.sqrt(2.0)))
+        h = 0.5 * h * (1.0 + torch.erf(h * (1 / math.sqrt(2.0))))
         return h, self.head(self.emb(ids) + h[:, :1])
 
 
@@ -64,6 +68,7 @@ def test_refused_ops_have_xnnpack_forms() -> None:
         aten.group_norm.default,
         aten.mm.default,
         aten.matmul.default,
+        aten.erf.default,
     }
     assert all(n.args[4] == 1 for n in xnn.graph.nodes if n.target is aten.slice.Tensor and len(n.args) > 4)
     gathers = [n for n in xnn.graph.nodes if n.target is aten.embedding.default]

@@ -43,6 +43,8 @@ class Operand:
     heads: int
     dim: int
     rotary: tuple[torch.fx.Node, torch.fx.Node] | None = None
+    #: a constant factor the model multiplied the heads by (ESM scales its queries before rotary)
+    scale: float = 1.0
 
 
 def _shape(node: Any) -> tuple[Any, ...] | None:
@@ -183,20 +185,37 @@ def _rotary(node: Any) -> tuple[Any, Any, Any] | None:
     return None
 
 
+def _scaled(node: Any) -> tuple[Any, float]:
+    """``(x, c)`` when ``node`` is ``x * c`` or ``x / c`` with a constant number ``c``, else ``(node, 1)``."""
+    node = strip(node)
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(node.args) != 2:
+        return node, 1.0
+    a, b = node.args
+    if node.target in (aten.mul.Tensor, aten.mul.Scalar):
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            return strip(a), float(b)
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return strip(b), float(a)
+    if node.target in (aten.div.Tensor, aten.div.Scalar) and isinstance(b, (int, float)) and b:
+        return strip(a), 1.0 / float(b)
+    return node, 1.0
+
+
 def operand(node: Any) -> Operand | None:
     """``node`` (a query, key or value ``[B, H, L, E]``) as heads of a merged tensor, or None."""
-    node = strip(node)
+    node, outer = _scaled(node)
     found = _split(node)
     if found is not None:
-        return found
+        return Operand(found.source, found.offset, found.heads, found.dim, scale=outer)
     rotary = _rotary(node)
     if rotary is None:
         return None
     x, cos, sin = rotary
+    x, inner = _scaled(x)  # rotary is linear: c * x rotated is c times x rotated
     found = _split(x)
     if found is None:
         return None
-    return Operand(found.source, found.offset, found.heads, found.dim, (cos, sin))
+    return Operand(found.source, found.offset, found.heads, found.dim, (cos, sin), outer * inner)
 
 
 def rotary_table(graph: torch.fx.Graph, node: torch.fx.Node, fake_mode: Any) -> torch.fx.Node:

@@ -255,7 +255,7 @@ def _operands(program: ExportedProgram, node: torch.fx.Node) -> tuple[Operand, O
         return None
     if oq.heads != _shape(plan.q)[1] or ok.heads != plan.heads_kv or ov.heads != plan.heads_kv:  # type: ignore[index]
         return None
-    if oq.dim != ok.dim or ov.rotary is not None:
+    if oq.dim != ok.dim or ov.rotary is not None or ov.scale != 1.0:
         return None
     if oq.rotary is None or ok.rotary is None:
         return (oq, ok, ov) if oq.rotary is ok.rotary else None
@@ -313,6 +313,7 @@ class XnnpackHeadAttention(ProgramPass):
                 factor = layout(factor)
             cos, sin = (table(t) for t in oq.rotary) if oq.rotary else (None, None)
             dims = [oq.dim, ov.dim, oq.offset, ok.offset, ov.offset]
+            scale = plan.scale * oq.scale * ok.scale  # factors of the scores: they commute
             with graph.inserting_before(merge.merged):
                 out = call(
                     graph,
@@ -325,7 +326,7 @@ class XnnpackHeadAttention(ProgramPass):
                         factor,
                         oq.heads,
                         plan.heads_kv,
-                        plan.scale,
+                        scale,
                         dims,
                         cos,
                         sin,

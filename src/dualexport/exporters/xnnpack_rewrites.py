@@ -33,6 +33,7 @@ from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
 from .xnnpack_dynamic import DYNAMIC_PASSES
 from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
 from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
+from .xnnpack_patterns import ErfGelu
 
 __all__ = [
     "decompose_layer_norm",
@@ -468,6 +469,7 @@ class FoldDecomposed(ProgramPass):
 BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackHeadAttention(), XnnpackAttention())
 AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     FoldDecomposed(),
+    ErfGelu(),
     UntieEmbeddings(),
     LinearForTransposedWeight(),
     *DYNAMIC_PASSES,
