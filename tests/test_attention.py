@@ -170,6 +170,41 @@ def test_rows_visible_is_a_proof() -> None:
         assert rows_visible(ep, second.args[3]) is visible
 
 
+def test_a_mask_rebuilt_in_every_layer_is_made_explicit_once() -> None:
+    """T5 under SDPA builds ``where(mask, position_bias, min)`` anew in every layer: the same ops
+    on the same inputs are one mask for the shared program, so its fully-masked-row search (and
+    the additive form) is computed once, not once per layer; eager's values are kept (a sequence
+    that is all padding included)."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = nn.Parameter(torch.randn(1, 2, 8, 8))
+
+        def forward(self, q: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            keep = attention_mask.bool()[:, None, None, :]
+            s = q.shape[2]
+            for _ in range(3):
+                mask = torch.where(keep, self.bias[:, :, :s, :s], torch.finfo(q.dtype).min)
+                q = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            return q
+
+    model = M().eval()
+    q = torch.randn(2, 2, 5, 4)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0
+    shared = _shared(model, (q, mask))
+    ops = [n.target for n in shared.exported_program.graph.nodes if n.op == "call_function"]
+    assert ops.count(SDPA) == 3
+    wheres = sum(t in (aten.where.self, aten.where.ScalarOther) for t in ops)
+    assert wheres == 2 and ops.count(aten.any.dim) == 1, ops  # the mask and its guard, once
+    for m in (mask, torch.zeros_like(mask)):
+        with torch.no_grad():
+            torch.testing.assert_close(
+                shared.exported_program.module()(q, m), model(q, m), rtol=1e-5, atol=1e-5
+            )
+
+
 # ------------------------------------------------------------------- one export per model
 def _export(model: nn.Module, args: tuple, out: pathlib.Path, **kw: object) -> dx.ExportResult:
     res = dx.export(model, args, out_dir=out, name="m", cache=False, **kw)

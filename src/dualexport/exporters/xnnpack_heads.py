@@ -35,7 +35,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import call, drop_dead_code, fake_mode_of
+from ..shared_state.passes.graph_edit import Inserter, call, drop_dead_code, fake_mode_of
 from .xnnpack_attention import copy_program, mask_layout, plan_attention
 from .xnnpack_head_inputs import Operand, operand, rotary_table, strip, swaps_1_2
 
@@ -85,8 +85,8 @@ def _head_attention_math(
     xq: torch.Tensor,
     xk: torch.Tensor,
     xv: torch.Tensor,
-    mask: torch.Tensor | None,
-    factor: torch.Tensor | None,
+    masks: list[torch.Tensor],
+    factors: list[torch.Tensor],
     heads: int,
     heads_kv: int,
     scale: float,
@@ -96,8 +96,9 @@ def _head_attention_math(
 ) -> torch.Tensor:
     """Heads of ``xq`` ``[B, L, n]``, ``xk`` and ``xv`` ``[B, S, n]``, ``dims`` = ``[E, Ev, q_at,
     k_at, v_at]``: head ``h`` of the queries is columns ``q_at + h * E`` onward (likewise keys and
-    values, ``Ev`` wide); ``mask`` ``[mb, L, S]`` (every head's) or ``[mb, H, L, S]`` (one per
-    head); ``factor``, a per-row factor of the outputs, likewise ``[mb, L, 1]`` or ``[mb, H, L, 1]``;
+    values, ``Ev`` wide); ``masks``: none, one ``[mb, L, S]`` for every head, or one per head
+    (selected once per mask, not once per layer); ``factors``, per-row factors of the outputs,
+    likewise (``[mb, L, 1]``);
     ``cos``/``sin`` ``[b, L, E]``, a rotary embedding of the queries and keys (self-attention: one
     table for both). Returns the heads' outputs merged, ``[B, L, H * Ev]``: query head ``h`` reads
     key/value head ``h // (H / Hkv)``."""
@@ -110,12 +111,12 @@ def _head_attention_math(
         for i in range(group):
             h = j * group + i
             scores = aten.bmm.default(_rotate(_head(xq, h, e, q_at), cos, sin), kt) * scale
-            if mask is not None:
-                scores = scores + (aten.select.int(mask, 1, h) if mask.dim() == 4 else mask)
+            if masks:
+                scores = scores + masks[h if len(masks) > 1 else 0]
             probs = aten._softmax.default(scores, -1, False)
             out = aten.bmm.default(probs, vj)
-            if factor is not None:
-                out = out * (aten.select.int(factor, 1, h) if factor.dim() == 4 else factor)
+            if factors:
+                out = out * factors[h if len(factors) > 1 else 0]
             outs.append(out)
     return _concat(outs, -1)
 
@@ -125,8 +126,8 @@ def xnnpack_head_attention(
     xq: torch.Tensor,
     xk: torch.Tensor,
     xv: torch.Tensor,
-    mask: torch.Tensor | None,
-    factor: torch.Tensor | None,
+    masks: list[torch.Tensor],
+    factors: list[torch.Tensor],
     heads: int,
     heads_kv: int,
     scale: float,
@@ -135,7 +136,7 @@ def xnnpack_head_attention(
     sin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention on unsplit heads whose rows all have a visible key (see the module docstring)."""
-    return _head_attention_math(xq, xk, xv, mask, factor, heads, heads_kv, scale, dims, cos, sin).clone()
+    return _head_attention_math(xq, xk, xv, masks, factors, heads, heads_kv, scale, dims, cos, sin).clone()
 
 
 @xnnpack_head_attention.register_fake
@@ -143,8 +144,8 @@ def _(
     xq: torch.Tensor,
     xk: torch.Tensor,
     xv: torch.Tensor,
-    mask: torch.Tensor | None,
-    factor: torch.Tensor | None,
+    masks: list[torch.Tensor],
+    factors: list[torch.Tensor],
     heads: int,
     heads_kv: int,
     scale: float,
@@ -283,12 +284,17 @@ class XnnpackHeadAttention(ProgramPass):
         graph = new.graph
         fake_mode = fake_mode_of(new)
         by_name = {n.name: n for n in graph.nodes}
-        layouts: dict[torch.fx.Node, torch.fx.Node] = {}
+        layouts: dict[torch.fx.Node, list[torch.fx.Node]] = {}
 
-        def layout(node: torch.fx.Node) -> torch.fx.Node:
-            """A mask or row factor shared by the heads, ``[mb, 1, L, S]``, as ``[mb, L, S]``, once."""
+        def per_head(node: torch.fx.Node) -> list[torch.fx.Node]:
+            """A mask or row factor ``[mb, 1 or H, L, S]`` as ``[mb, L, S]`` tensors, one shared
+            by the heads or one per head, made once per mask (not once per layer)."""
             if node not in layouts:
-                layouts[node] = mask_layout(new, node, 1, 1, fake_mode)
+                if _same(_shape(node)[1], 1):  # type: ignore[index]
+                    layouts[node] = [mask_layout(new, node, 1, 1, fake_mode)]
+                else:
+                    add = Inserter(graph, node, fake_mode)
+                    layouts[node] = [add(aten.select.int, (node, 1, h)) for h in range(_shape(node)[1])]  # type: ignore[index]
             return layouts[node]
 
         tables: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -306,11 +312,8 @@ class XnnpackHeadAttention(ProgramPass):
             operands = _operands(new, node)
             assert plan is not None and merge is not None and operands is not None  # as in _rewritable
             oq, ok, ov = operands
-            mask, factor = plan.mask, merge.factor
-            if mask is not None and _same(_shape(mask)[1], 1):  # type: ignore[index]
-                mask = layout(mask)
-            if factor is not None and _same(_shape(factor)[1], 1):  # type: ignore[index]
-                factor = layout(factor)
+            masks = per_head(plan.mask) if plan.mask is not None else []
+            factors = per_head(merge.factor) if merge.factor is not None else []
             cos, sin = (table(t) for t in oq.rotary) if oq.rotary else (None, None)
             dims = [oq.dim, ov.dim, oq.offset, ok.offset, ov.offset]
             scale = plan.scale * oq.scale * ok.scale  # factors of the scores: they commute
@@ -322,8 +325,8 @@ class XnnpackHeadAttention(ProgramPass):
                         oq.source,
                         ok.source,
                         ov.source,
-                        mask,
-                        factor,
+                        masks,
+                        factors,
                         oq.heads,
                         plan.heads_kv,
                         scale,

@@ -8,8 +8,9 @@ over every key (its translation replaces the softmax's NaN by the unmasked weigh
 decoder's padded queries; an encoder sequence that is all padding), so the shared program spells
 the meaning out, and every runtime then computes what eager computes:
 
-* the mask becomes one additive mask, computed once per mask node (not once per layer, as each
-  attention call's own conversion was): a boolean mask ``m`` becomes ``(float(m) - 1) *
+* the mask becomes one additive mask, computed once per mask (not once per layer, as each
+  attention call's own conversion was; a mask that every layer builds anew from the same inputs
+  by the same ops, T5's ``where(mask, position_bias, min)``, counts once): a boolean mask ``m`` becomes ``(float(m) - 1) *
   finfo.max`` (0 where visible, ``finfo.min`` where masked; the cast is the one op XNNPACK
   cannot take, the rest it can), a float one keeps its values and a row that is ``-inf``
   everywhere becomes 0; a mask that is only a broadcast (``expand``, ``& all-True``) is used
@@ -186,6 +187,28 @@ def _constant_forms(value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     return additive.contiguous(), factor
 
 
+def _structure(node: Any, memo: dict[Any, Any]) -> Any:
+    """A hashable description of what ``node`` computes: equal for two chains of the same pure ops
+    on the same inputs (T5 builds ``where(mask, position_bias, min)`` anew in every layer)."""
+    if isinstance(node, (list, tuple)):
+        return tuple(_structure(a, memo) for a in node)
+    if not isinstance(node, torch.fx.Node):
+        return ("value", type(node).__name__, repr(node))
+    if node in memo:
+        return memo[node]
+    if (
+        node.op != "call_function"
+        or node.is_impure()
+        or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+    ):
+        key: Any = ("node", node)
+    else:
+        kwargs = tuple(sorted((k, _structure(v, memo)) for k, v in node.kwargs.items()))
+        key = ("call", node.target, _structure(tuple(node.args), memo), kwargs)
+    memo[node] = key
+    return key
+
+
 class ExplicitMaskedRows(ProgramPass):
     """SDPA masks as one additive mask per mask node, and fully masked rows as explicit zeros."""
 
@@ -195,6 +218,8 @@ class ExplicitMaskedRows(ProgramPass):
     def call(self, program: ExportedProgram) -> ExportedProgram:
         graph = program.graph
         groups: dict[tuple[torch.fx.Node, torch.dtype], list[torch.fx.Node]] = {}
+        memo: dict[Any, Any] = {}
+        first: dict[Any, torch.fx.Node] = {}  # one node per mask computation: the earliest
         changed = False
         for node in graph.nodes:
             if node.op != "call_function" or node.target is not SDPA:
@@ -204,6 +229,7 @@ class ExplicitMaskedRows(ProgramPass):
                 continue
             mask, dtype = key
             source = _broadcast_source(program, mask)
+            source = first.setdefault(_structure(source, memo), source)
             if source is not mask:
                 _set_mask(node, source)
                 changed = True
