@@ -23,7 +23,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import call, fake_mode_of, lift_constant
+from ..shared_state.passes.graph_edit import NodeRewrite, fake_mode_of, lift_constant
 
 __all__ = ["UntieEmbeddings", "LinearForTransposedWeight", "VIEW_OF"]
 
@@ -97,37 +97,21 @@ def _transposed_weight(program: ExportedProgram, node: object) -> torch.fx.Node 
     return src if isinstance(val, torch.Tensor) and val.dim() == 2 else None
 
 
-class LinearForTransposedWeight(ProgramPass):
+class LinearForTransposedWeight(NodeRewrite):
     """``matmul(x, W.T)`` / ``mm(x, W.T)`` -> ``linear(x, W)``; ``addmm(b, x, W.T)`` ->
     ``linear(x, W, b)``."""
 
     serves = "xnnpack"
-    in_place = True
 
-    def call(self, program: ExportedProgram) -> ExportedProgram:
-        fake_mode = fake_mode_of(program)
-        changed = False
-        for node in list(program.graph.nodes):
-            if node.op != "call_function":
-                continue
-            if node.target in (aten.mm.default, aten.matmul.default):
-                x, wt, bias = node.args[0], node.args[1], None
-            elif node.target is aten.addmm.default and not node.kwargs:
-                bias, x, wt = node.args[:3]
-            else:
-                continue
-            weight = _transposed_weight(program, wt)
-            xv = getattr(x, "meta", {}).get("val")
-            if weight is None or not isinstance(xv, torch.Tensor) or xv.dtype != torch.float32:
-                continue
-            args = (x, weight) if bias is None else (x, weight, bias)
-            with program.graph.inserting_before(node):
-                linear = call(program.graph, aten.linear.default, args, fake_mode=fake_mode)
-            node.replace_all_uses_with(linear)
-            program.graph.erase_node(node)
-            changed = True
-        if changed:
-            program.graph.eliminate_dead_code()
-            program.graph.lint()
-            program.graph_module.recompile()
-        return program
+    def rewrite(self, program: ExportedProgram, node: torch.fx.Node) -> tuple[Any, tuple[Any, ...]] | None:
+        if node.target in (aten.mm.default, aten.matmul.default):
+            x, wt, bias = node.args[0], node.args[1], None
+        elif node.target is aten.addmm.default and not node.kwargs:
+            bias, x, wt = node.args[:3]
+        else:
+            return None
+        weight = _transposed_weight(program, wt)
+        xv = getattr(x, "meta", {}).get("val")
+        if weight is None or not isinstance(xv, torch.Tensor) or xv.dtype != torch.float32:
+            return None
+        return aten.linear.default, ((x, weight) if bias is None else (x, weight, bias))

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import call, fake_mode_of
+from ..shared_state.passes.graph_edit import NodeRewrite
 
 __all__ = ["ErfGelu"]
 
@@ -60,35 +59,21 @@ def _erf_argument(node: Any) -> Any:
     return None
 
 
-class ErfGelu(ProgramPass):
+class ErfGelu(NodeRewrite):
     """``x * 0.5 * (1 + erf(x / sqrt(2)))``, in any order of its products -> ``gelu(x)``."""
 
     serves = "xnnpack"
-    in_place = True
 
-    def call(self, program: ExportedProgram) -> ExportedProgram:
-        fake_mode = fake_mode_of(program)
-        changed = False
-        for node in list(program.graph.nodes):
-            if node.op != "call_function" or node.target not in _MUL:
-                continue
-            factors = [f for a in node.args for f in _factors(a, 1)]
-            if len(factors) != 3:
-                continue
-            numbers = [f for f in factors if _number(f) is not None]
-            tensors = [f for f in factors if _number(f) is None]
-            if [_number(n) for n in numbers] != [0.5] or len(tensors) != 2:
-                continue
-            for x, bracket in (tensors, tensors[::-1]):
-                val = getattr(x, "meta", {}).get("val")
-                if _erf_argument(bracket) is x and isinstance(val, torch.Tensor) and val.is_floating_point():
-                    with program.graph.inserting_before(node):
-                        gelu = call(program.graph, aten.gelu.default, (x,), fake_mode=fake_mode)
-                    node.replace_all_uses_with(gelu)
-                    changed = True
-                    break
-        if changed:
-            program.graph.eliminate_dead_code()
-            program.graph.lint()
-            program.graph_module.recompile()
-        return program
+    def rewrite(self, program: ExportedProgram, node: torch.fx.Node) -> tuple[Any, tuple[Any, ...]] | None:
+        if node.target not in _MUL:
+            return None
+        factors = [f for a in node.args for f in _factors(a, 1)]
+        numbers = [f for f in factors if _number(f) is not None]
+        tensors = [f for f in factors if _number(f) is None]
+        if [_number(n) for n in numbers] != [0.5] or len(tensors) != 2:
+            return None
+        for x, bracket in (tensors, tensors[::-1]):
+            val = getattr(x, "meta", {}).get("val")
+            if _erf_argument(bracket) is x and isinstance(val, torch.Tensor) and val.is_floating_point():
+                return aten.gelu.default, (x,)
+        return None

@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from ...compat.torch import detect_fake_mode, graph_used_names, op_schema, set_graph_signature
+from .base import ProgramPass
 
 __all__ = [
     "lift_constant",
@@ -27,6 +28,7 @@ __all__ = [
     "argument",
     "constant_value",
     "fake_mode_of",
+    "NodeRewrite",
 ]
 
 
@@ -191,3 +193,32 @@ def constant_value(program: ExportedProgram, node: Any) -> torch.Tensor | None:
         value = program.state_dict.get(name, program.constants.get(name))
         return value if isinstance(value, torch.Tensor) else None
     return None
+
+
+class NodeRewrite(ProgramPass):
+    """A pass, in place, that replaces single nodes by one op each: :meth:`rewrite` names the op and
+    its arguments for a node it rewrites (None: left as it is); what the old node read and nothing
+    else reads any more goes with it."""
+
+    in_place = True
+
+    def rewrite(self, program: ExportedProgram, node: torch.fx.Node) -> tuple[Any, tuple[Any, ...]] | None:
+        raise NotImplementedError
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        fake_mode = fake_mode_of(program)
+        changed = False
+        for node in list(program.graph.nodes):
+            found = self.rewrite(program, node) if node.op == "call_function" else None
+            if found is None:
+                continue
+            with program.graph.inserting_before(node):
+                new = call(program.graph, *found, fake_mode=fake_mode)
+            node.replace_all_uses_with(new)
+            program.graph.erase_node(node)
+            changed = True
+        if changed:
+            program.graph.eliminate_dead_code()
+            program.graph.lint()
+            program.graph_module.recompile()
+        return program
