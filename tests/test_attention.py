@@ -348,6 +348,10 @@ def _rotary(
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+#: TinyEncoder's six attention forms (each a layer); the default run exports three of them
+ALL_FORMS = (0, 1, 2, 3, 4, 5)
+
+
 class TinyEncoder(nn.Module):
     """Encoder attention as transformers writes it for a padded batch, served with a dynamic batch
     *and* sequence: a boolean padding mask ``[B, 1, 1, S]`` (BERT), no mask, a per-head additive
@@ -359,9 +363,11 @@ class TinyEncoder(nn.Module):
     scaled before it (ESM); every head
     split ``view([B, S, H, E])`` and merge ``view([B, S, H * E])`` carries two symbolic sizes."""
 
-    def __init__(self, d: int = 32, heads: int = 2, max_seq: int = 32) -> None:
+    def __init__(
+        self, d: int = 32, heads: int = 2, max_seq: int = 32, layers: tuple[int, ...] = ALL_FORMS
+    ) -> None:
         super().__init__()
-        self.heads = heads
+        self.heads, self.layers = heads, layers
         self.q = nn.ModuleList(nn.Linear(d, d) for _ in range(5))  # layers 0-3 and 5
         self.k = nn.ModuleList(nn.Linear(d, d) for _ in range(4))  # layers 0-2 and 5
         self.v = nn.ModuleList(nn.Linear(d, d) for _ in range(4))
@@ -380,7 +386,8 @@ class TinyEncoder(nn.Module):
         b, s, _ = x.shape
         keep = attention_mask.bool()[:, None, None, :]
         additive = self.bias[:, :, :s, :s] + (1.0 - attention_mask[:, None, None, :].float()) * -1e9
-        for i, kw in enumerate([{"attn_mask": keep}, {}, {"attn_mask": additive}, {}, {}, {}]):
+        for i in self.layers:
+            kw: dict[str, object] = [{"attn_mask": keep}, {}, {"attn_mask": additive}, {}, {}, {}][i]
             if i < 3:
                 q, k, v = (_heads(proj[i](x), self.heads) for proj in (self.q, self.k, self.v))
             elif i == 3:
@@ -405,7 +412,14 @@ class TinyEncoder(nn.Module):
         return x
 
 
-def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    "layers",
+    [pytest.param(ALL_FORMS, marks=pytest.mark.slow), (2, 4, 5)],
+    ids=["six-forms", "bias-fused-rotary"],
+)
+def test_batch_and_sequence_dynamic_stay_one_delegate(
+    layers: tuple[int, ...], tmp_path: pathlib.Path
+) -> None:
     """With batch and sequence both dynamic, every head split and merge would be a view with two
     symbolic sizes that XNNPACK refuses (one subgraph per layer and more): the per-head form
     (``xnnpack_heads.py``) keeps every layer in the delegate, with no view left in any; both
@@ -414,7 +428,7 @@ def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) ->
     from dualexport.exporters.xnnpack_heads import XnnpackHeadAttention
 
     torch.manual_seed(0)
-    model = TinyEncoder().eval()
+    model = TinyEncoder(layers=layers).eval()
     x = torch.randn(3, 7, 32)
     mask = torch.ones(3, 7, dtype=torch.long)
     mask[1, 5:] = 0
@@ -425,14 +439,15 @@ def test_batch_and_sequence_dynamic_stay_one_delegate(tmp_path: pathlib.Path) ->
     res = _export(model, (x, mask), tmp_path, dynamic_shapes=spec)
     rewritten = XnnpackHeadAttention()(res.program.exported_program).program  # the shared program
     ops = [n.target for n in rewritten.graph.nodes if n.op == "call_function"]
-    assert ops.count(torch.ops.dualexport.xnnpack_head_attention.default) == 6, ops
+    assert ops.count(torch.ops.dualexport.xnnpack_head_attention.default) == len(layers), ops
     assert SDPA not in ops
 
     d = res.artifacts["xnnpack"].delegation
     # Every layer inside one delegate; the per-head mask (bias + padding, computed by delegated
     # adds) is picked per head by portable selects: one split there, none per layer.
     assert d.subgraphs <= 2, d.to_markdown()
-    assert _compute_share(d) >= 0.85, d.to_markdown()
+    # the mask and position prelude (about 20 ops) stays outside, so a share over fewer layers is lower
+    assert _compute_share(d) >= (0.85 if len(layers) == len(ALL_FORMS) else 0.8), d.to_markdown()
     outside = {op for op, (_, n) in d.by_op.items() if n}
     assert not outside & {"aten_bmm_default", "aten_linear_default", "aten__softmax_default"}, d.to_markdown()
     # one cat outside: the last layer's rotary table, computed from the mask (cat of one tensor

@@ -27,12 +27,11 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import call, fake_mode_of, lift_constant
+from ..shared_state.passes.graph_edit import VIEW_OPS, call, fake_mode_of, lift_constant
 
 __all__ = ["SymbolicViews", "SlicesAsMatmul", "DYNAMIC_PASSES"]
 
 aten = torch.ops.aten
-_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 
 
 def _static(shape: Any) -> bool:
@@ -57,7 +56,7 @@ class SymbolicViews(ProgramPass):
     def call(self, program: ExportedProgram) -> ExportedProgram:
         changed = False
         for node in program.graph.nodes:
-            if node.op != "call_function" or node.target not in _VIEWS or len(node.args) < 2:
+            if node.op != "call_function" or node.target not in VIEW_OPS or len(node.args) < 2:
                 continue
             shape = list(node.args[1])
             if all(isinstance(s, int) for s in shape) and shape.count(-1) <= 1:

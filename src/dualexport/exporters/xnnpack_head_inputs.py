@@ -22,13 +22,11 @@ from typing import Any, cast
 
 import torch
 
-from ..shared_state.passes.graph_edit import Inserter
+from ..shared_state.passes.graph_edit import COPY_OPS, VIEW_OPS, Inserter, same_size, shape_of
 
 __all__ = ["Operand", "operand", "rotary_table"]
 
 aten = torch.ops.aten
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-_COPIES = {aten.clone.default, aten.contiguous.default, aten.alias.default}
 _CASTS = {aten.to.dtype, aten._to_copy.default}
 _GETITEM = operator.getitem
 
@@ -47,15 +45,6 @@ class Operand:
     scale: float = 1.0
 
 
-def _shape(node: Any) -> tuple[Any, ...] | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
-
-
-def _same(a: Any, b: Any) -> bool:
-    return str(a) == str(b)
-
-
 def strip(node: Any) -> Any:
     """``node`` without the copies, same-dtype casts and identity views in front of it."""
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args:
@@ -65,8 +54,8 @@ def strip(node: Any) -> Any:
         val, sval = node.meta.get("val"), src.meta.get("val")
         if not isinstance(val, torch.Tensor) or not isinstance(sval, torch.Tensor):
             break
-        same = _same(val.shape, sval.shape) and val.dtype == sval.dtype
-        if not same or node.target not in _COPIES | _CASTS | _VIEWS:
+        same = same_size(val.shape, sval.shape) and val.dtype == sval.dtype
+        if not same or node.target not in COPY_OPS | _CASTS | VIEW_OPS:
             break
         node = src
     return node
@@ -104,19 +93,19 @@ def _split(node: Any) -> Operand | None:
         index, view = cast(int, part.args[1]), unbind.args[0]
     else:
         view = part
-    if not isinstance(view, torch.fx.Node) or view.target not in _VIEWS:
+    if not isinstance(view, torch.fx.Node) or view.target not in VIEW_OPS:
         return None
     x = view.args[0]
-    split, whole = _shape(view), _shape(x)
+    split, whole = shape_of(view), shape_of(x)
     if split is None or whole is None or len(whole) != 3 or len(split) not in (4, 5):
         return None
     if len(split) == 4 and view is not part:
         return None
     h, e = split[-2], split[-1]
     parts = split[2] if len(split) == 5 else 1
-    if not all(isinstance(s, int) for s in (h, e, parts)) or not _same(whole[2], parts * h * e):
+    if not all(isinstance(s, int) for s in (h, e, parts)) or not same_size(whole[2], parts * h * e):
         return None
-    if not (_same(whole[0], split[0]) and _same(whole[1], split[1])):
+    if not (same_size(whole[0], split[0]) and same_size(whole[1], split[1])):
         return None
     return Operand(cast(torch.fx.Node, x), index * h * e, h, e)
 
@@ -149,14 +138,14 @@ def _rotated_half(node: Any, e: int) -> Any:
 
 def _table(node: Any, like: tuple[Any, ...]) -> bool:
     """``cos``/``sin`` of a rotary: ``[1 or B, 1, L, E]`` for heads of shape ``like``."""
-    shape = _shape(node)
+    shape = shape_of(node)
     return (
         shape is not None
         and len(shape) == 4
-        and (_same(shape[0], 1) or _same(shape[0], like[0]))
-        and _same(shape[1], 1)
-        and _same(shape[2], like[2])
-        and _same(shape[3], like[3])
+        and (same_size(shape[0], 1) or same_size(shape[0], like[0]))
+        and same_size(shape[1], 1)
+        and same_size(shape[2], like[2])
+        and same_size(shape[3], like[3])
     )
 
 
@@ -165,7 +154,7 @@ def _rotary(node: Any) -> tuple[Any, Any, Any] | None:
     node = strip(node)
     if not isinstance(node, torch.fx.Node) or node.target is not aten.add.Tensor or len(node.args) != 2:
         return None
-    like = _shape(node)
+    like = shape_of(node)
     if like is None or len(like) != 4 or not isinstance(like[3], int):
         return None
     products = [strip(a) for a in node.args]

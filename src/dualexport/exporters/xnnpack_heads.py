@@ -35,7 +35,16 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import Inserter, call, drop_dead_code, fake_mode_of
+from ..shared_state.passes.graph_edit import (
+    COPY_OPS,
+    VIEW_OPS,
+    Inserter,
+    call,
+    drop_dead_code,
+    fake_mode_of,
+    same_size,
+    shape_of,
+)
 from .xnnpack_attention import copy_program, mask_layout, plan_attention
 from .xnnpack_head_inputs import Operand, operand, rotary_table, strip, swaps_1_2
 
@@ -43,8 +52,6 @@ __all__ = ["XnnpackHeadAttention", "HEADS_TABLE"]
 
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
-_COPIES = {aten.clone.default, aten.contiguous.default, aten.alias.default}
 #: XNNPACK's concatenate takes at most this many inputs
 _CAT_WIDTH = 5
 
@@ -161,13 +168,6 @@ HEADS_TABLE: dict[Any, Any] = {torch.ops.dualexport.xnnpack_head_attention.defau
 
 
 # ---------------------------------------------------------------------------------- the plan
-def _shape(node: Any) -> tuple[Any, ...] | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
-
-
-def _same(a: Any, b: Any) -> bool:
-    return str(a) == str(b)
 
 
 @dataclass(frozen=True)
@@ -186,10 +186,10 @@ def _row_factor(node: torch.fx.Node, out: torch.fx.Node) -> torch.fx.Node | None
     if node.target is not aten.mul.Tensor or len(node.args) != 2:
         return None
     other = node.args[1] if node.args[0] is out else node.args[0]
-    shape, heads = _shape(other), _shape(out)
-    if shape is None or heads is None or len(shape) != 4 or not _same(shape[3], 1):
+    shape, heads = shape_of(other), shape_of(out)
+    if shape is None or heads is None or len(shape) != 4 or not same_size(shape[3], 1):
         return None
-    if not (_same(shape[1], 1) or _same(shape[1], heads[1])):
+    if not (same_size(shape[1], 1) or same_size(shape[1], heads[1])):
         return None
     return cast(torch.fx.Node, other)
 
@@ -205,7 +205,7 @@ def _merge(sdpa: torch.fx.Node) -> _Merge | None:
         if user.op != "call_function":
             return None
         path.append(user)
-        if user.target in _COPIES or (user.target in _VIEWS and _same(_shape(user), _shape(cur))):
+        if user.target in COPY_OPS or (user.target in VIEW_OPS and same_size(shape_of(user), shape_of(cur))):
             cur = user
             continue
         factor = _row_factor(user, cur)
@@ -218,19 +218,21 @@ def _merge(sdpa: torch.fx.Node) -> _Merge | None:
         if not swaps_1_2(user):
             return None
         swapped = user
-        while len(swapped.users) == 1 and next(iter(swapped.users)).target in _COPIES:
+        while len(swapped.users) == 1 and next(iter(swapped.users)).target in COPY_OPS:
             swapped = next(iter(swapped.users))
             path.append(swapped)
         if len(swapped.users) != 1:
             return None
         merged = next(iter(swapped.users))
-        split, whole = _shape(swapped), _shape(merged)
-        if merged.target not in _VIEWS or split is None or whole is None or len(whole) != 3:
+        split, whole = shape_of(swapped), shape_of(merged)
+        if merged.target not in VIEW_OPS or split is None or whole is None or len(whole) != 3:
             return None
-        if not (_same(whole[0], split[0]) and _same(whole[1], split[1])):
+        if not (same_size(whole[0], split[0]) and same_size(whole[1], split[1])):
             return None
         if not (
-            isinstance(split[2], int) and isinstance(split[3], int) and _same(whole[2], split[2] * split[3])
+            isinstance(split[2], int)
+            and isinstance(split[3], int)
+            and same_size(whole[2], split[2] * split[3])
         ):
             return None
         return _Merge(merged, factors[0] if factors else None, (*path, merged))
@@ -254,7 +256,7 @@ def _operands(program: ExportedProgram, node: torch.fx.Node) -> tuple[Operand, O
     oq, ok, ov = found
     if oq is None or ok is None or ov is None:
         return None
-    if oq.heads != _shape(plan.q)[1] or ok.heads != plan.heads_kv or ov.heads != plan.heads_kv:  # type: ignore[index]
+    if oq.heads != shape_of(plan.q)[1] or ok.heads != plan.heads_kv or ov.heads != plan.heads_kv:  # type: ignore[index]
         return None
     if oq.dim != ok.dim or ov.rotary is not None or ov.scale != 1.0:
         return None
@@ -290,11 +292,11 @@ class XnnpackHeadAttention(ProgramPass):
             """A mask or row factor ``[mb, 1 or H, L, S]`` as ``[mb, L, S]`` tensors, one shared
             by the heads or one per head, made once per mask (not once per layer)."""
             if node not in layouts:
-                if _same(_shape(node)[1], 1):  # type: ignore[index]
+                if same_size(shape_of(node)[1], 1):  # type: ignore[index]
                     layouts[node] = [mask_layout(new, node, 1, 1, fake_mode)]
                 else:
                     add = Inserter(graph, node, fake_mode)
-                    layouts[node] = [add(aten.select.int, (node, 1, h)) for h in range(_shape(node)[1])]  # type: ignore[index]
+                    layouts[node] = [add(aten.select.int, (node, 1, h)) for h in range(shape_of(node)[1])]  # type: ignore[index]
             return layouts[node]
 
         tables: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -356,7 +358,11 @@ class XnnpackHeadAttention(ProgramPass):
         if _operands(program, node) is None:
             return False
         if plan.mask is not None:
-            shape = _shape(plan.mask)
-            if shape is None or len(shape) != 4 or not (_same(shape[1], 1) or _same(shape[1], q.shape[1])):
+            shape = shape_of(plan.mask)
+            if (
+                shape is None
+                or len(shape) != 4
+                or not (same_size(shape[1], 1) or same_size(shape[1], q.shape[1]))
+            ):
                 return False
         return _merge(node) is not None

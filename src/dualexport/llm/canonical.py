@@ -34,6 +34,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from ..compat.torch import detect_fake_mode, is_contiguous_or_false, op_schema, set_graph_signature
+from ..shared_state.passes.graph_edit import VIEW_OPS
 
 __all__ = [
     "views_with_one_dynamic_size",
@@ -47,8 +48,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
-
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 
 
 def _val(node: Any) -> Any:
@@ -111,7 +110,7 @@ def views_with_one_dynamic_size(program: ExportedProgram) -> ExportedProgram:
     dim: the same view, with the shape written as XNNPACK's static reshape takes it."""
     changed = 0
     for node in [n for gm in _graphs(program) for n in gm.graph.nodes]:
-        if node.op != "call_function" or node.target not in _VIEWS:
+        if node.op != "call_function" or node.target not in VIEW_OPS:
             continue
         shape = list(node.args[1])
         val = _val(node)

@@ -192,7 +192,9 @@ def _structure(node: Any, memo: dict[Any, Any]) -> Any:
     on the same inputs (T5 builds ``where(mask, position_bias, min)`` anew in every layer)."""
     if isinstance(node, (list, tuple)):
         return tuple(_structure(a, memo) for a in node)
-    if not isinstance(node, torch.fx.Node):
+    if isinstance(node, torch.Tensor):  # a repr abbreviates a large tensor: equal only to itself
+        return ("tensor", id(node))
+    if not isinstance(node, torch.fx.Node):  # scalars, dtypes, devices, symbolic sizes: exact reprs
         return ("value", type(node).__name__, repr(node))
     if node in memo:
         return memo[node]

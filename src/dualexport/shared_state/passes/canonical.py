@@ -33,14 +33,12 @@ from torch.export import ExportedProgram
 
 from ...compat.torch import op_schema
 from .base import ProgramPass
-from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of
+from .graph_edit import VIEW_OPS, call, constant_value, drop_dead_constants, fake_mode_of
 from .scalars import AssertOnlyScalars
 
 __all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "IndexAsView", "CANONICALIZATIONS"]
 
 aten = torch.ops.aten
-
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
 
 
 def _mutated_through(node: torch.fx.Node) -> bool:
@@ -53,7 +51,7 @@ def _mutated_through(node: torch.fx.Node) -> bool:
             for arg, value in zip(schema.arguments, user.args, strict=False):
                 if value is node and arg.alias_info is not None and arg.alias_info.is_write:
                     return True
-        if user.target in _VIEWS and _mutated_through(user):
+        if user.target in VIEW_OPS and _mutated_through(user):
             return True
     return False
 
@@ -173,7 +171,7 @@ def _arange_position(program: ExportedProgram, index: object, size: object, rank
         flat = value.reshape(-1)
         return wide[0] if torch.equal(flat, torch.arange(flat.numel(), dtype=flat.dtype)) else None
     node: Any = index
-    while node.op == "call_function" and node.target in (aten.unsqueeze.default, *_VIEWS):
+    while node.op == "call_function" and node.target in (aten.unsqueeze.default, *VIEW_OPS):
         node = node.args[0]
     if node.op == "call_function" and node.target is aten.add.Tensor and node.args[1] == 0:
         node = node.args[0]

@@ -29,7 +29,28 @@ __all__ = [
     "constant_value",
     "fake_mode_of",
     "NodeRewrite",
+    "VIEW_OPS",
+    "COPY_OPS",
+    "shape_of",
+    "same_size",
 ]
+
+aten = torch.ops.aten
+#: ops that only reinterpret a tensor's shape (a pattern reads through them)
+VIEW_OPS = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default})
+#: ops that copy a tensor unchanged (a pattern reads through them)
+COPY_OPS = frozenset({aten.clone.default, aten.contiguous.default, aten.alias.default})
+
+
+def shape_of(node: Any) -> tuple[Any, ...] | None:
+    """The shape of a node's traced value (symbolic sizes kept), None for a non-tensor or non-node."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Two sizes (or shapes) known equal: the same integer or the same symbolic expression."""
+    return str(a) == str(b)
 
 
 def fake_mode_of(program: ExportedProgram) -> Any:
