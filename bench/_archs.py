@@ -1,4 +1,4 @@
-"""45 transformers architectures as users build them: tiny configs, random weights, transformers'
+"""46 transformers architectures as users build them: tiny configs, random weights, transformers'
 own attention (SDPA wherever the model supports it), called the way their model cards show
 (``input_ids`` + ``attention_mask``, ``pixel_values``, ``input_values``). Data for
 bench_coverage.py (and the slow test that runs a few of them).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -69,6 +69,9 @@ class Arch:
     kwargs: dict[str, Any] = field(default_factory=dict)
     #: the model object to export, from the built model (e.g. Bart's encoder)
     pick: Callable[[nn.Module], nn.Module] | None = None
+    #: the least dynamic sequence length the model takes (MobileBERT's trigram embedding slices
+    #: ``[:, 1:]``: a length of 2 leaves 1, which torch.export specializes; dx.export names the range)
+    seq_min: int = SEQ_RANGE[0]
 
     def build(self, attention: str | None = None) -> nn.Module:
         """The wrapped model, eval mode, seeded random weights."""
@@ -114,7 +117,7 @@ class Arch:
         """Serving-style: decoders the sequence, text encoders batch and sequence, the rest batch."""
         from torch.export import Dim
 
-        seq = Dim("seq", min=SEQ_RANGE[0], max=SEQ_RANGE[1])
+        seq = Dim("seq", min=self.seq_min, max=SEQ_RANGE[1])
         batch = Dim("batch", min=BATCH_RANGE[0], max=BATCH_RANGE[1])
         if self.inputs == "ids":
             return {"inputs": ({1: seq},)}
@@ -204,7 +207,7 @@ ARCHS: tuple[Arch, ...] = (
     _d("olmo2", "Olmo2Config", "Olmo2ForCausalLM", **_GQA),
     _d("cohere", "CohereConfig", "CohereForCausalLM", **_GQA),
     _d("granite", "GraniteConfig", "GraniteForCausalLM", **_GQA),
-    # ---------------------------------------------------------------------- encoders (9)
+    # --------------------------------------------------------------------- encoders (10)
     _e("bert", "BertConfig", "BertModel", **_TEXT),
     _e("roberta", "RobertaConfig", "RobertaModel", **dict(_TEXT, max_position_embeddings=70)),
     _e(
@@ -222,19 +225,22 @@ ARCHS: tuple[Arch, ...] = (
     _e("electra", "ElectraConfig", "ElectraModel", **_TEXT, embedding_size=16),
     _e("xlm_roberta", "XLMRobertaConfig", "XLMRobertaModel", **dict(_TEXT, max_position_embeddings=70)),
     _e("deberta_v2", "DebertaV2Config", "DebertaV2Model", **_TEXT),
-    _e(
-        "mobilebert",
-        "MobileBertConfig",
-        "MobileBertModel",
-        hidden_size=64,
-        embedding_size=32,
-        intra_bottleneck_size=32,
-        true_hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        max_position_embeddings=64,
+    replace(
+        _e(
+            "mobilebert",
+            "MobileBertConfig",
+            "MobileBertModel",
+            hidden_size=64,
+            embedding_size=32,
+            intra_bottleneck_size=32,
+            true_hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=100,
+            max_position_embeddings=64,
+        ),
+        seq_min=3,
     ),
     _e(
         "modernbert",
@@ -248,6 +254,8 @@ ARCHS: tuple[Arch, ...] = (
         cls_token_id=1,
         sep_token_id=2,
     ),
+    # rotary positions counted from the padding (an input), queries scaled before rotary
+    _e("esm", "EsmConfig", "EsmModel", **_TEXT, position_embedding_type="rotary", pad_token_id=1),
     # ------------------------------------------------------------------ speech encoders (3)
     Arch(
         "wav2vec2",

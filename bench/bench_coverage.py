@@ -1,4 +1,4 @@
-"""Coverage of 45 transformers architectures as users build them (bench/_archs.py), dualexport's
+"""Coverage of 46 transformers architectures as users build them (bench/_archs.py), dualexport's
 default export against the plain libraries in the same run, per architecture:
 
 - both targets exported or not, parity against eager (dualexport: ``dx.compare``, which also runs

@@ -92,6 +92,23 @@ def _dead_sized() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return DeadSizedByValue().eval(), (torch.randn(2, 8), torch.tensor([3]))
 
 
+class SqueezeOfNonUnit(nn.Module):
+    """``squeeze(1)`` of a dim that is not 1 (a no-op in eager): code written for one token
+    (``x[:, 1:].squeeze(1)`` for a length-2 sequence) run on longer ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x[:, 1:].squeeze(1)).squeeze(-1)
+
+
+def _squeeze() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return SqueezeOfNonUnit().eval(), (torch.randn(2, 8, 4),)
+
+
 def _plain_onnx(model: nn.Module, args: tuple) -> None:
     import onnxruntime as ort
 
@@ -140,6 +157,13 @@ CASES = {
         "AssertionError 'Expected output node' in to_edge (PendingUnbackedSymbolNotFound in "
         "run_decompositions), as on transformers' OPT under export_llm",
     ),
+    "squeeze_of_a_non_unit_dim": (
+        _squeeze,
+        _plain_onnx,
+        "torch.onnx 2.13 writes squeeze(1) of a dim of size 7 (a no-op in eager) as ONNX Squeeze "
+        "over that axis: ONNX Runtime 1.31 refuses to load the file ('Dimension of input 1 must be "
+        "1 instead of 7')",
+    ),
 }
 
 
@@ -153,6 +177,7 @@ SIGNATURES: dict[str, tuple[type[BaseException], str]] = {
     "maxpool_default_stride": (IndexError, r"tuple index out of range"),
     "dashed_module_names": (Exception, r"FuseBatchNormPass|is not in list"),
     "value_read_only_asserted": (Exception, r"Expected output node|Pending unbacked symbols"),
+    "squeeze_of_a_non_unit_dim": (Exception, r"must be 1 instead of 7"),
 }
 
 
@@ -216,6 +241,7 @@ def test_canonicalizations_keep_the_computation() -> None:
         (_t5, {"ReshapeForView", "ContiguousAsCopy"}),
         (_maxpool, {"ExplicitPoolArgs"}),
         (_dead_sized, {"AssertOnlyScalars"}),
+        (_squeeze, {"SqueezeOnlyUnitDims"}),
     ):
         model, args = build()
         shared = SharedProgram.capture(model, args)

@@ -1,7 +1,7 @@
 """A few architectures of bench/bench_coverage.py, as users build them (SDPA, padding masks,
 serving-style dynamic shapes), against the issue's bar: each one XNNPACK subgraph, delegated
 share over compute ops at least 95% static and 90% dynamic, both targets matching eager (on every
-declared range's min, max-1 and max) and the weight proof passing. The whole sweep (45
+declared range's min, max-1 and max) and the weight proof passing. The whole sweep (46
 architectures, with the plain libraries and latency) is the bench; these run in ``make
 test-slow``."""
 

@@ -79,6 +79,7 @@ def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: path
         "ContiguousAsCopy",
         "ExplicitPoolArgs",
         "AssertOnlyScalars",
+        "SqueezeOnlyUnitDims",
         "FoldConstants",
         "IndexAsView",
         "FoldSymbolic",

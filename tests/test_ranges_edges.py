@@ -154,3 +154,56 @@ def test_the_conv_guard_is_what_was_prevented(tmp_path: pathlib.Path) -> None:
     assert "[1, 64]" in str(err) or "-> [" in str(err)
     assert not (tmp_path / "m.pte").exists() and "xnnpack" not in res.manifest.artifacts
     assert isinstance(res.artifacts["onnx"].outcome, dx.Lowered)
+
+
+class _SliceThenSqueeze(nn.Module):
+    """MobileBERT's trigram embedding in small: ``x[:, 1:]`` has ``seq - 1`` rows, and a
+    ``squeeze`` on it takes another path at one row (torch.export's guard ``seq - 1 != 1``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 1:].squeeze(1) * 2
+
+
+def test_a_range_the_model_cannot_take_is_refused_with_the_range_it_can(tmp_path: pathlib.Path) -> None:
+    """The capture error names the guard, the sizes that fail it and the range that satisfies it
+    (evaluated over the declared range), nothing is written, and that range exports: the squeeze
+    of rows now never 1 is a no-op (SqueezeOnlyUnitDims; ONNX's Squeeze would refuse them), both
+    files proven at the example and the range's edges."""
+    x = torch.randn(2, 8, 4)
+    with pytest.raises(dx.CaptureError) as info:
+        dx.export(
+            _SliceThenSqueeze(),
+            (x,),
+            out_dir=tmp_path / "a",
+            dynamic_shapes=({1: Dim("seq", min=2, max=16)},),
+        )
+    text = str(info.value)
+    assert "false at seq = 2" in text and "Dim('seq', min=3, max=16)" in text, text
+    assert "dynamic_shapes" in info.value.hint
+    assert not [f for f in (tmp_path / "a").glob("*") if not f.name.startswith(".")]  # no file written
+    seq = Dim("seq", min=3, max=16)
+    res = dx.export(
+        _SliceThenSqueeze(), (x,), out_dir=tmp_path / "b", dynamic_shapes=({1: seq},), cache=False
+    )
+    assert res.ok, res.errors
+    assert res.artifacts["onnx"].outcome.proof.edges and res.artifacts["xnnpack"].outcome.proof.edges
+
+
+def test_range_guards_keep_divisibility_to_torch() -> None:
+    """A guard that holds on no single range (every even size) is left to torch.export's own
+    suggested fix; one that fails only at an end is narrowed, on a long range too."""
+    from dualexport.shared_state.range_guards import range_guards
+
+    def message(guard: str, hi: int = 40) -> str:
+        return (
+            "Constraints violated (seq)!\n  - Not all values of seq = L['x'].size()[1] in the specified "
+            f"range seq <= {hi} satisfy the generated guard {guard}."
+        )
+
+    assert range_guards(message("Eq(Mod(L['x'].size()[1], 2), 0)"), None) == []
+    assert range_guards(message("(L['x'].size()[1] // 4) != 1"), None) == []  # 2..3 and 8..40
+    (g,) = range_guards(message("(L['x'].size()[1] // 8) != 0"), None)
+    assert (g.declared, g.widest, g.excluded) == ((2, 40), (8, 40), (2, 3, 4, 5, 6, 7))
+    # a long range: both ends searched, the bound between them found by bisection
+    (g,) = range_guards(message("L['x'].size()[1] <= 1000", hi=1 << 20), None)
+    assert (g.declared, g.widest, g.excluded[:2]) == ((2, 1 << 20), (2, 1000), (1001, 1002))

@@ -37,6 +37,7 @@ from .fingerprint import (
 )
 from .links import LinkReport, link_state_dict
 from .passes.base import PassRecord, ProgramPass
+from .range_guards import range_guards
 from .transforms import TransformRecord, run_transform, transform_kind, transform_name
 
 __all__ = ["SharedProgram", "Pin", "reference_module", "narrowed_error"]
@@ -177,6 +178,15 @@ class SharedProgram:
                 )
         except Exception as exc:
             fixes = _suggested_fixes(exc)
+            guards = range_guards(str(exc), dynamic_shapes)
+            if guards:
+                raise CaptureError(
+                    f"torch.export could not trace {type(model).__name__} over the declared dynamic "
+                    "range: some sizes in it make the model take another path\n"
+                    + "\n".join(f"  {g.describe()}" for g in guards),
+                    hint="declare the range that satisfies the model's guard (above) in dynamic_shapes; "
+                    "see the chained exception (-v) for torch.export's message",
+                ) from exc
             raise CaptureError(
                 f"torch.export could not trace {type(model).__name__}: {_first_line_of_user_code(exc)}"
                 + (f"\n{fixes}" if fixes else ""),

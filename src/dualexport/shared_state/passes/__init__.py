@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from .attention import ExplicitMaskedRows
 from .base import PassContractError, PassRecord, PassResult, ProgramPass
-from .canonical import CANONICALIZATIONS, ContiguousAsCopy, ExplicitPoolArgs, IndexAsView, ReshapeForView
+from .canonical import (
+    CANONICALIZATIONS,
+    ContiguousAsCopy,
+    ExplicitPoolArgs,
+    IndexAsView,
+    ReshapeForView,
+    SqueezeOnlyUnitDims,
+)
 from .fold import FOLD_MAX_BYTES, FoldConstants, fold_constants
 from .fold_symbolic import FoldSymbolic
 from .scalars import AssertOnlyScalars
@@ -34,6 +41,7 @@ __all__ = [
     "ExplicitPoolArgs",
     "AssertOnlyScalars",
     "IndexAsView",
+    "SqueezeOnlyUnitDims",
     "AFTER_FOLDING",
     "ExplicitMaskedRows",
     # folding

@@ -19,6 +19,9 @@ targets and eager agree), and runs on the shared program, so both artifacts get 
   IndexError in ``to_edge_transform_and_lower`` (executorch#21488). Every default argument of the
   pooling call is written out; an average pool without padding says ``count_include_pad=False``
   (the same average: there is no padding to count), the only form XNNPACK takes.
+* ``SqueezeOnlyUnitDims``: torch.onnx 2.13 writes ``squeeze(dim)`` of a dim that is never 1 (a
+  no-op in eager) as ONNX's ``Squeeze``, which ONNX Runtime refuses; the call names only the
+  dims that can be 1.
 * ``AssertOnlyScalars`` (``scalars.py``): a tensor value read into an int that only assertions
   read (OPT's dead position mask sized by a cache length) makes ExecuTorch's re-trace fail
   ("Pending unbacked symbols"); the read and its assertions are dropped.
@@ -36,7 +39,14 @@ from .base import ProgramPass
 from .graph_edit import VIEW_OPS, call, constant_value, drop_dead_constants, fake_mode_of
 from .scalars import AssertOnlyScalars
 
-__all__ = ["ReshapeForView", "ContiguousAsCopy", "ExplicitPoolArgs", "IndexAsView", "CANONICALIZATIONS"]
+__all__ = [
+    "ReshapeForView",
+    "ContiguousAsCopy",
+    "ExplicitPoolArgs",
+    "IndexAsView",
+    "SqueezeOnlyUnitDims",
+    "CANONICALIZATIONS",
+]
 
 aten = torch.ops.aten
 
@@ -248,10 +258,62 @@ class IndexAsView(ProgramPass):
         return program
 
 
+_SQUEEZES = {aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims}
+
+
+def _may_be_one(size: Any) -> bool:
+    """Whether a size can be 1 anywhere in its range (an int: whether it is 1)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return not statically_known_true(size != 1)
+
+
+class SqueezeOnlyUnitDims(ProgramPass):
+    """``squeeze`` names only the dims that can be 1: one whose size is never 1 (``x[:, 1:]`` of a
+    sequence of at least 3, or a static 7) leaves the tensor as it is in eager, but torch.onnx 2.13
+    writes it into ONNX's ``Squeeze``, which requires a 1 there: ONNX Runtime refuses to load the
+    file ("Dimension of input 1 must be 1 instead of 7") or fails at run time. Such dims are
+    dropped from the call, and a call left with none is its input."""
+
+    serves = "shared"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        outputs = set(program.graph.output_node().all_input_nodes)
+        for node in list(program.graph.nodes):
+            if node.op != "call_function" or node.target not in _SQUEEZES or _mutated_through(node):
+                continue
+            src = node.args[0]
+            val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            if not isinstance(val, torch.Tensor) or val.dim() == 0:
+                continue
+            if node.target is aten.squeeze.default:
+                dims = list(range(val.dim()))
+            else:
+                arg = node.args[1]
+                dims = sorted({d % val.dim() for d in (arg if isinstance(arg, (list, tuple)) else [arg])})
+            keep = [d for d in dims if _may_be_one(val.shape[d])]
+            if keep == dims:
+                continue
+            if keep:
+                node.target, node.args = aten.squeeze.dims, (src, keep)
+            elif node in outputs:  # the signature names it (and an output must not alias an input)
+                node.target, node.args = aten.clone.default, (src,)
+            else:
+                node.replace_all_uses_with(src)
+                program.graph.erase_node(node)
+            changed = True
+        if changed:
+            _finish(program)
+        return program
+
+
 #: Run on every shared program by default (ExportOptions.canonicalize), in this order.
 CANONICALIZATIONS: tuple[ProgramPass, ...] = (
     ReshapeForView(),
     ContiguousAsCopy(),
     ExplicitPoolArgs(),
     AssertOnlyScalars(),
+    SqueezeOnlyUnitDims(),
 )
