@@ -42,6 +42,7 @@ __all__ = [
     "set_graph_module",
     "set_graph_signature",
     "set_weight_dicts",
+    "size_functions",
     "updated_program",
     "value_ranges",
     "weight_dicts",
@@ -73,6 +74,10 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torch.utils._pytree.tree_leaves", "the tensors of nested inputs", "pytree"),
     Seam("torch.utils._pytree.tree_structure", "compare input structures", "pytree"),
     Seam("torch.utils._sympy.value_ranges.ValueRanges", "a symbol's range in the shape env", "value_ranges"),
+    *(
+        Seam(f"torch.utils._sympy.functions.{name}", "read a guard torch.export printed", "size_functions")
+        for name in ("FloorDiv", "CeilDiv", "Mod", "PythonMod", "Max", "Min")
+    ),
     Seam(
         "torch.export.dynamic_shapes._DimHint", "Dim.AUTO/STATIC in a dynamic_shapes spec", "dim_like_types"
     ),
@@ -192,6 +197,14 @@ def value_ranges(lower: Any, upper: Any) -> Any:
     from torch.utils._sympy.value_ranges import ValueRanges
 
     return ValueRanges(lower, upper)
+
+
+def size_functions() -> dict[str, Any]:
+    """The sympy functions torch.export writes size guards with (``FloorDiv``, ``Mod``, ...), by
+    the names its messages print."""
+    from torch.utils._sympy import functions
+
+    return {n: getattr(functions, n) for n in ("FloorDiv", "CeilDiv", "Mod", "PythonMod", "Max", "Min")}
 
 
 def dim_like_types() -> tuple[type, ...]:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..compat.torch import size_functions
+
 __all__ = ["RangeGuard", "range_guards"]
 
 #: one guard line of torch.export's constraint violation message
@@ -95,10 +97,9 @@ def _dims(spec: Any) -> Iterator[Any]:
 def _predicate(guard: str, name: str) -> Any:
     """``guard`` as a function of one integer, or None when it is not a guard on ``name`` alone."""
     import sympy
-    from torch.utils._sympy import functions
 
     symbol = sympy.Symbol(name, integer=True)
-    names = {n: getattr(functions, n) for n in ("FloorDiv", "Mod", "PythonMod", "Max", "Min", "CeilDiv")}
+    names = size_functions()
     try:
         expr = sympy.sympify(_relational(guard), locals={name: symbol, **names})
     except (sympy.SympifyError, SyntaxError, TypeError, ValueError):
