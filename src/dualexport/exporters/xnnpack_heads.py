@@ -278,7 +278,7 @@ class XnnpackHeadAttention(ProgramPass):
         names = [
             n.name
             for n in program.graph.nodes
-            if n.op == "call_function" and n.target is _SDPA and self._rewritable(program, n)
+            if n.op == "call_function" and n.target is _SDPA and self.rewritable(program, n)
         ]
         if not names:
             return program
@@ -312,7 +312,7 @@ class XnnpackHeadAttention(ProgramPass):
             plan = plan_attention(new, node)
             merge = _merge(node)
             operands = _operands(new, node)
-            assert plan is not None and merge is not None and operands is not None  # as in _rewritable
+            assert plan is not None and merge is not None and operands is not None  # as in rewritable
             oq, ok, ov = operands
             masks = per_head(plan.mask) if plan.mask is not None else []
             factors = per_head(merge.factor) if merge.factor is not None else []
@@ -348,7 +348,8 @@ class XnnpackHeadAttention(ProgramPass):
         return new
 
     @staticmethod
-    def _rewritable(program: ExportedProgram, node: torch.fx.Node) -> bool:
+    def rewritable(program: ExportedProgram, node: torch.fx.Node) -> bool:
+        """Whether this pass rewrites SDPA call ``node`` (``xnnpack_bmm_attention.py`` asks)."""
         plan = plan_attention(program, node)
         if plan is None or plan.causal:
             return False

@@ -6,6 +6,14 @@ op on the XNNPACK program once decomposed (the shared program is never edited).
   feed-forward block left ``erf`` outside the delegate, split around it (a tiny ESM with rotary
   embeddings: 3 subgraphs). ``aten.gelu`` (exact, not the tanh approximation) is the same function;
   both targets are still compared with eager, and the values agree to float rounding.
+* A masked fill of attention scores just before their softmax, ``where(m, c, s)`` with ``c`` a
+  huge negative (``finfo.min``, ``-inf``: DeBERTa's ``masked_fill(~mask, finfo.min)``, eager
+  attention in older code), written as ``s + where(m, c, 0)``. XNNPACK has no ``where``; the
+  fill sat between the scores' ``bmm`` and the softmax, so every layer split the delegate (tiny
+  DeBERTa-v2, static: 3 subgraphs). In the sum the ``where`` reads only the mask, so it runs
+  before the delegate. The softmax is the same bit for bit: a visible score is ``s + 0``; a
+  masked one is ``c`` or ``s + c``, both underflowing to 0 beside a visible score, and equal
+  (``s + c == c`` in float arithmetic for ``|s|`` below ``2 ** -24 * |c|``) in a row with none.
 """
 
 from __future__ import annotations
@@ -16,9 +24,18 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from ..shared_state.passes.graph_edit import NodeRewrite
+from ..shared_state.passes.base import ProgramPass
+from ..shared_state.passes.graph_edit import (
+    COPY_OPS,
+    NodeRewrite,
+    call,
+    constant_value,
+    fake_mode_of,
+    lift_constant,
+    structure,
+)
 
-__all__ = ["ErfGelu"]
+__all__ = ["ErfGelu", "MaskedScoresAsSum"]
 
 aten = torch.ops.aten
 _MUL = (aten.mul.Tensor, aten.mul.Scalar)
@@ -77,3 +94,84 @@ class ErfGelu(NodeRewrite):
             if _erf_argument(bracket) is x and isinstance(val, torch.Tensor) and val.is_floating_point():
                 return aten.gelu.default, (x,)
         return None
+
+
+#: a fill value at most this (``finfo(float32).min`` is -3.4e38) is "masked out" for a softmax
+_HUGE_NEGATIVE = -1e30
+
+
+def _fill_value(program: ExportedProgram, node: Any) -> float | None:
+    """The value of a one-element constant (a lifted scalar or a number), or None."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    value = constant_value(program, node)
+    if value is None or value.numel() != 1 or not value.is_floating_point():
+        return None
+    return float(value.reshape(()).item())
+
+
+def _softmax_only(node: torch.fx.Node) -> bool:
+    """Whether every reader of ``node`` (through copies) is a softmax over its last dim."""
+    rank = len(node.meta["val"].shape)
+    for user in node.users:
+        if user.target in COPY_OPS:
+            if not _softmax_only(user):
+                return False
+        elif user.target is not aten._softmax.default or user.args[1] not in (-1, rank - 1) or user.args[2]:
+            return False
+    return bool(node.users)
+
+
+class MaskedScoresAsSum(ProgramPass):
+    """``where(m, c, s)`` (or ``where(m, s, c)``) read only by a softmax over the last dim, ``c``
+    a constant at most -1e30, -> ``s + where(m, c, 0)`` (see the module docstring)."""
+
+    serves = "xnnpack"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        graph = program.graph
+        fake_mode = fake_mode_of(program)
+        zeros: dict[torch.dtype, torch.fx.Node] = {}
+        memo: dict[Any, Any] = {}
+        masks: dict[Any, torch.fx.Node] = {}  # one additive mask per mask computation and fill
+        changed = False
+        for node in list(graph.nodes):
+            if node.target is not aten.where.self or len(node.args) != 3:
+                continue
+            cond, a, b = node.args
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor) or not val.is_floating_point() or not _softmax_only(node):
+                continue
+            fa, fb = _fill_value(program, a), _fill_value(program, b)
+            if fa is not None and fa <= _HUGE_NEGATIVE and isinstance(b, torch.fx.Node) and fb is None:
+                scores, fill, fill_first = b, a, True
+            elif fb is not None and fb <= _HUGE_NEGATIVE and isinstance(a, torch.fx.Node) and fa is None:
+                scores, fill, fill_first = a, b, False
+            else:
+                continue
+            if getattr(scores.meta.get("val"), "dtype", None) != val.dtype:
+                continue
+            if val.dtype not in zeros:
+                zeros[val.dtype] = lift_constant(
+                    program, torch.zeros((), dtype=val.dtype), fake_mode=fake_mode
+                )
+            zero = zeros[val.dtype]
+            key = (structure(cond, memo), fa if fill_first else fb, fill_first, val.dtype)
+            with graph.inserting_before(node):
+                if key not in masks:
+                    args = (cond, fill, zero) if fill_first else (cond, zero, fill)
+                    masks[key] = call(graph, aten.where.self, args, fake_mode=fake_mode)
+                total = call(graph, aten.add.Tensor, (scores, masks[key]), fake_mode=fake_mode)
+            if total.meta["val"].shape != val.shape:
+                graph.erase_node(total)
+                continue
+            total.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+            node.replace_all_uses_with(total)
+            graph.erase_node(node)
+            changed = True
+        if changed:
+            graph.eliminate_dead_code()
+            graph.lint()
+            program.graph_module.recompile()
+        return program

@@ -30,10 +30,11 @@ from ..compat.torch import set_weight_dicts
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.fold import fold_constants
 from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
+from .xnnpack_bmm_attention import BmmAttentionAsSdpa
 from .xnnpack_dynamic import DYNAMIC_PASSES
 from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
 from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
-from .xnnpack_patterns import ErfGelu
+from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum
 
 __all__ = [
     "decompose_layer_norm",
@@ -466,10 +467,15 @@ class FoldDecomposed(ProgramPass):
         return fold_constants(program, drop_unused=False)
 
 
-BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (XnnpackHeadAttention(), XnnpackAttention())
+BEFORE_DECOMPOSITION: tuple[ProgramPass, ...] = (
+    BmmAttentionAsSdpa(),
+    XnnpackHeadAttention(),
+    XnnpackAttention(),
+)
 AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     FoldDecomposed(),
     ErfGelu(),
+    MaskedScoresAsSum(),
     UntieEmbeddings(),
     LinearForTransposedWeight(),
     *DYNAMIC_PASSES,

@@ -48,6 +48,7 @@ from .graph_edit import (
     drop_dead_constants,
     fake_mode_of,
     lift_constant,
+    structure,
 )
 
 __all__ = ["ExplicitMaskedRows", "rows_visible", "SDPA", "ROW_FACTOR_PREFIX"]
@@ -187,30 +188,6 @@ def _constant_forms(value: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     return additive.contiguous(), factor
 
 
-def _structure(node: Any, memo: dict[Any, Any]) -> Any:
-    """A hashable description of what ``node`` computes: equal for two chains of the same pure ops
-    on the same inputs (T5 builds ``where(mask, position_bias, min)`` anew in every layer)."""
-    if isinstance(node, (list, tuple)):
-        return tuple(_structure(a, memo) for a in node)
-    if isinstance(node, torch.Tensor):  # a repr abbreviates a large tensor: equal only to itself
-        return ("tensor", id(node))
-    if not isinstance(node, torch.fx.Node):  # scalars, dtypes, devices, symbolic sizes: exact reprs
-        return ("value", type(node).__name__, repr(node))
-    if node in memo:
-        return memo[node]
-    if (
-        node.op != "call_function"
-        or node.is_impure()
-        or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
-    ):
-        key: Any = ("node", node)
-    else:
-        kwargs = tuple(sorted((k, _structure(v, memo)) for k, v in node.kwargs.items()))
-        key = ("call", node.target, _structure(tuple(node.args), memo), kwargs)
-    memo[node] = key
-    return key
-
-
 class ExplicitMaskedRows(ProgramPass):
     """SDPA masks as one additive mask per mask node, and fully masked rows as explicit zeros."""
 
@@ -231,7 +208,7 @@ class ExplicitMaskedRows(ProgramPass):
                 continue
             mask, dtype = key
             source = _broadcast_source(program, mask)
-            source = first.setdefault(_structure(source, memo), source)
+            source = first.setdefault(structure(source, memo), source)
             if source is not mask:
                 _set_mask(node, source)
                 changed = True

@@ -33,6 +33,7 @@ __all__ = [
     "COPY_OPS",
     "shape_of",
     "same_size",
+    "structure",
 ]
 
 aten = torch.ops.aten
@@ -214,6 +215,31 @@ def constant_value(program: ExportedProgram, node: Any) -> torch.Tensor | None:
         value = program.state_dict.get(name, program.constants.get(name))
         return value if isinstance(value, torch.Tensor) else None
     return None
+
+
+def structure(node: Any, memo: dict[Any, Any]) -> Any:
+    """A hashable description of what ``node`` computes: equal for two chains of the same pure ops
+    on the same inputs (T5 builds ``where(mask, position_bias, min)`` anew in every layer, DeBERTa
+    ``~mask.bool()``): the passes that compute such a thing once key it by this."""
+    if isinstance(node, (list, tuple)):
+        return tuple(structure(a, memo) for a in node)
+    if isinstance(node, torch.Tensor):  # a repr abbreviates a large tensor: equal only to itself
+        return ("tensor", id(node))
+    if not isinstance(node, torch.fx.Node):  # scalars, dtypes, devices, symbolic sizes: exact reprs
+        return ("value", type(node).__name__, repr(node))
+    if node in memo:
+        return memo[node]
+    if (
+        node.op != "call_function"
+        or node.is_impure()
+        or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+    ):
+        key: Any = ("node", node)
+    else:
+        kwargs = tuple(sorted((k, structure(v, memo)) for k, v in node.kwargs.items()))
+        key = ("call", node.target, structure(tuple(node.args), memo), kwargs)
+    memo[node] = key
+    return key
 
 
 class NodeRewrite(ProgramPass):
