@@ -5,6 +5,7 @@ One library limit is shown as the strict xfail it is (two dynamic sizes in one v
 from __future__ import annotations
 
 import math
+import pathlib
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.export import Dim
 
+import dualexport as dx
 from dualexport.exporters.base import ExportOptions
 from dualexport.exporters.xnnpack import XnnpackExporter
 from dualexport.pipeline.export import shared_passes
@@ -80,6 +82,49 @@ def test_refused_ops_have_xnnpack_forms() -> None:
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert aten.group_norm.default in _targets(shared.exported_program)  # the rewrite is XNNPACK's alone
+
+
+class MultiQuery(nn.Module):
+    """Falcon's multi-query attention written with ``matmul``: four query heads, one key/value
+    head that the matmul broadcasts; keys and values from a memory of fixed length (a decoder's
+    cache), so that only the queries' length is dynamic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.kv = nn.Linear(32, 64), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 16).transpose(1, 2)
+        k, v = self.kv(memory).view(b, memory.shape[1], 2, 1, 16).transpose(1, 3).unbind(2)
+        probs = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1)
+        return (probs @ v).transpose(1, 2).reshape(b, s, 64)
+
+
+def test_a_matmul_broadcast_over_heads_folds_the_heads_into_rows(tmp_path: pathlib.Path) -> None:
+    """``[B, H, L, E] @ [B, 1, E, S]`` is ``[B, H * L, E] @ [B, E, S]``: no ``expand`` (with a
+    dynamic sequence XNNPACK refuses one: a tiny Falcon decoder was 9 subgraphs), the same row
+    products as eager, one delegate."""
+    torch.manual_seed(0)
+    model = MultiQuery().eval()
+    memory = torch.randn(2, 8, 32)
+    args = (torch.randn(2, 7, 32), memory)
+    spec = ({1: Dim("seq", min=2, max=16)}, None)
+    _, xnn = _programs(model, args, spec)
+    ops = [n.target for n in xnn.graph.nodes if n.op == "call_function"]
+    assert aten.expand.default not in ops and aten.matmul.default not in ops
+    assert ops.count(aten.bmm.default) == 2
+    with torch.no_grad():
+        for s in (2, 7, 16):
+            x = torch.randn(2, s, 32)
+            torch.testing.assert_close(xnn.module()(x, memory), model(x, memory), rtol=1e-5, atol=1e-5)
+    res = dx.export(
+        model, args, target="xnnpack", out_dir=tmp_path, name="m", cache=False, dynamic_shapes=spec
+    )
+    assert not res.errors, res.errors
+    d = res.artifacts["xnnpack"].delegation
+    assert d.subgraphs == 1 and "aten_expand_copy_default" not in d.by_op, d.to_markdown()
+    assert dx.compare(res, generate=2).ok
 
 
 class Positions(nn.Module):

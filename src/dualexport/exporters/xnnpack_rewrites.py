@@ -198,15 +198,39 @@ def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
 
 
 # ------------------------------------------------------------------------------- attention
+def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """``j`` when ``b`` is ``a[:j]`` followed by ones (``b`` broadcast over ``a``'s last batch
+    dims: multi-query keys and values, one head for every query head), else None."""
+    for j in range(len(a), -1, -1):
+        if _known_equal(a[:j], b[:j]) and all(isinstance(s, int) and s == 1 for s in b[j:]):
+            return j
+    return None
+
+
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> Any:
-    """Batched matmul with equal batch dims as reshape + ``bmm``: no ``expand`` copy."""
-    if a.dim() < 3 or a.dim() != b.dim() or not _known_equal(a.shape[:-2], b.shape[:-2]):
+    """Batched matmul as reshape + ``bmm``, with no ``expand`` copy: equal batch dims merged;
+    ``b`` broadcast over ``a``'s last batch dims (Falcon's multi-query ``[B, H, L, E] @ [B, 1, E,
+    S]``) as those dims folded into ``a``'s rows, ``[B, H * L, E] @ [B, E, S]``, the same row
+    products. Decomposed, the broadcast was two ``expand`` copies with a symbolic size, which
+    XNNPACK refuses: four per layer outside the delegate (a tiny Falcon decoder, 9 subgraphs)."""
+    if a.dim() < 3 or a.dim() != b.dim():
         return NotImplemented
-    if a.dim() == 3:
-        return aten.bmm.default(a, b)
+    batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    j = len(batch_a) if _known_equal(batch_a, batch_b) else _shared_prefix(batch_a, batch_b)
+    if j is None:
+        return NotImplemented
     m, kk, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    out = aten.bmm.default(a.reshape(-1, m, kk), b.reshape(-1, kk, n))
-    return out.reshape(*a.shape[:-2], m, n)
+    if j == len(batch_a):
+        if a.dim() == 3:
+            return aten.bmm.default(a, b)
+        out = aten.bmm.default(a.reshape(-1, m, kk), b.reshape(-1, kk, n))
+        return out.reshape(*batch_a, m, n)
+    folded = m
+    for size in batch_a[j:]:
+        folded = folded * size
+    rows = a.reshape(-1, folded, kk) if j else a.reshape(1, -1, kk)
+    out = aten.bmm.default(rows, b.reshape(-1, kk, n))
+    return out.reshape(*batch_a, m, n)
 
 
 # ------------------------------------------------------------------------------ shape ops
