@@ -72,7 +72,13 @@ _BATCH, _SEQ = Dim("batch", min=1, max=6), Dim("seq", min=2, max=16)
 _SPEC = ({0: _BATCH, 1: _SEQ}, {0: _BATCH, 1: _SEQ})
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "batch-and-seq"])
+@pytest.mark.parametrize(
+    "dynamic",
+    # static: the masked fill's sum alone (its graph is checked by default below, and the zoo's
+    # masked_attention runs it end to end with parity)
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["static", "batch-and-seq"],
+)
 def test_bmm_attention_is_one_delegate_with_parity(dynamic: bool, tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model = BmmEncoder().eval()
