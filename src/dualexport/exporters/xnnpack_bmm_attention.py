@@ -30,14 +30,13 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from ..compat.torch import OpOverload
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.graph_edit import (
     COPY_OPS,
     VIEW_OPS,
     Inserter,
     call,
-    constant_value,
+    constant_scalar,
     drop_dead_code,
     fake_mode_of,
     same_size,
@@ -46,6 +45,7 @@ from ..shared_state.passes.graph_edit import (
 )
 from .xnnpack_attention import copy_program
 from .xnnpack_heads import XnnpackHeadAttention
+from .xnnpack_patterns import HUGE_NEGATIVE
 
 __all__ = ["BmmAttentionAsSdpa"]
 
@@ -53,48 +53,6 @@ aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
 _SOFTMAX = (aten.softmax.int, aten._softmax.default)
 _SCALARS = (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar)
-#: a fill at most this is "masked out" for the softmax (``finfo(float32).min`` is -3.4e38)
-_HUGE_NEGATIVE = -1e30
-
-
-def _scalar(program: ExportedProgram, node: Any, depth: int = 0) -> float | None:
-    """The value of a one-element constant computed from constants only (DeBERTa's scale is
-    ``sqrt(tensor(E) * factor)``, traced as ops on a lifted constant), or None."""
-    if isinstance(node, (int, float)) and not isinstance(node, bool):
-        return float(node)
-    if not isinstance(node, torch.fx.Node) or depth > 8:
-        return None
-    value = constant_value(program, node)
-    if value is None and node.op == "call_function" and isinstance(node.target, OpOverload):
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.numel() != 1 or val.requires_grad:
-            return None
-        args: list[Any] = []
-        for a in node.args:
-            if isinstance(a, torch.fx.Node):
-                x = _scalar(program, a, depth + 1)
-                if x is None:
-                    return None
-                args.append(torch.tensor(x, dtype=a.meta["val"].dtype))
-            else:
-                args.append(a)
-        with torch.no_grad():
-            value = node.target(*args, **node.kwargs)
-    if not isinstance(value, torch.Tensor) or value.numel() != 1:
-        return None
-    out = float(value.reshape(()).item())
-    return out if math.isfinite(out) else None
-
-
-def _through(node: Any) -> Any:
-    """``node`` before views and copies that keep its elements in order."""
-    while (
-        isinstance(node, torch.fx.Node)
-        and node.op == "call_function"
-        and (node.target in VIEW_OPS or node.target in COPY_OPS)
-    ):
-        node = node.args[0]
-    return node
 
 
 def _heads(merged: Any) -> torch.fx.Node | None:
@@ -119,8 +77,8 @@ def _factor(program: ExportedProgram, node: Any) -> tuple[Any, float]:
     """``(x, c)`` for ``x * c`` or ``x / c`` with ``c`` a constant scalar, else ``(node, 1.0)``."""
     if isinstance(node, torch.fx.Node) and node.target in _SCALARS and len(node.args) == 2:
         x, c = node.args
-        value = _scalar(program, c)
-        if value is not None and value != 0.0 and isinstance(x, torch.fx.Node):
+        value = constant_scalar(program, c)
+        if value is not None and math.isfinite(value) and value != 0.0 and isinstance(x, torch.fx.Node):
             return x, (1.0 / value if node.target in (aten.div.Tensor, aten.div.Scalar) else value)
     return node, 1.0
 
@@ -175,7 +133,7 @@ def _match(program: ExportedProgram, bmm: torch.fx.Node) -> _Match | None:
             or not math.isfinite(value)
         ):
             return None
-        if value > _HUGE_NEGATIVE or user.args[0] is not node:
+        if value > HUGE_NEGATIVE or user.args[0] is not node:
             return None
         fill, node, user = (mask, float(value)), user, _only_user(user)
     if user is None or user.target not in _SOFTMAX or user.args[1] not in (-1, 3):

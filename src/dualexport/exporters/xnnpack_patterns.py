@@ -29,13 +29,13 @@ from ..shared_state.passes.graph_edit import (
     COPY_OPS,
     NodeRewrite,
     call,
-    constant_value,
+    constant_scalar,
     fake_mode_of,
     lift_constant,
     structure,
 )
 
-__all__ = ["ErfGelu", "MaskedScoresAsSum"]
+__all__ = ["ErfGelu", "MaskedScoresAsSum", "HUGE_NEGATIVE"]
 
 aten = torch.ops.aten
 _MUL = (aten.mul.Tensor, aten.mul.Scalar)
@@ -97,17 +97,7 @@ class ErfGelu(NodeRewrite):
 
 
 #: a fill value at most this (``finfo(float32).min`` is -3.4e38) is "masked out" for a softmax
-_HUGE_NEGATIVE = -1e30
-
-
-def _fill_value(program: ExportedProgram, node: Any) -> float | None:
-    """The value of a one-element constant (a lifted scalar or a number), or None."""
-    if isinstance(node, (int, float)) and not isinstance(node, bool):
-        return float(node)
-    value = constant_value(program, node)
-    if value is None or value.numel() != 1 or not value.is_floating_point():
-        return None
-    return float(value.reshape(()).item())
+HUGE_NEGATIVE = -1e30
 
 
 def _softmax_only(node: torch.fx.Node) -> bool:
@@ -143,10 +133,10 @@ class MaskedScoresAsSum(ProgramPass):
             val = node.meta.get("val")
             if not isinstance(val, torch.Tensor) or not val.is_floating_point() or not _softmax_only(node):
                 continue
-            fa, fb = _fill_value(program, a), _fill_value(program, b)
-            if fa is not None and fa <= _HUGE_NEGATIVE and isinstance(b, torch.fx.Node) and fb is None:
+            fa, fb = constant_scalar(program, a), constant_scalar(program, b)
+            if fa is not None and fa <= HUGE_NEGATIVE and isinstance(b, torch.fx.Node) and fb is None:
                 scores, fill, fill_first = b, a, True
-            elif fb is not None and fb <= _HUGE_NEGATIVE and isinstance(a, torch.fx.Node) and fa is None:
+            elif fb is not None and fb <= HUGE_NEGATIVE and isinstance(a, torch.fx.Node) and fa is None:
                 scores, fill, fill_first = a, b, False
             else:
                 continue

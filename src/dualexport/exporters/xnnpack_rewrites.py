@@ -199,8 +199,8 @@ def _adaptive_avg_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> Any:
 
 # ------------------------------------------------------------------------------- attention
 def _shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int | None:
-    """``j`` when ``b`` is ``a[:j]`` followed by ones (``b`` broadcast over ``a``'s last batch
-    dims: multi-query keys and values, one head for every query head), else None."""
+    """The largest ``j`` with ``b`` equal to ``a[:j]`` followed by ones (``len(a)``: equal; less:
+    ``b`` broadcast over ``a``'s last batch dims, multi-query keys and values), else None."""
     for j in range(len(a), -1, -1):
         if _known_equal(a[:j], b[:j]) and all(isinstance(s, int) and s == 1 for s in b[j:]):
             return j
@@ -216,7 +216,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> Any:
     if a.dim() < 3 or a.dim() != b.dim():
         return NotImplemented
     batch_a, batch_b = a.shape[:-2], b.shape[:-2]
-    j = len(batch_a) if _known_equal(batch_a, batch_b) else _shared_prefix(batch_a, batch_b)
+    j = _shared_prefix(batch_a, batch_b)  # len(batch_a): equal batch dims
     if j is None:
         return NotImplemented
     m, kk, n = a.shape[-2], a.shape[-1], b.shape[-1]

@@ -16,7 +16,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-from ...compat.torch import detect_fake_mode, graph_used_names, op_schema, set_graph_signature
+from ...compat.torch import OpOverload, detect_fake_mode, graph_used_names, op_schema, set_graph_signature
 from .base import ProgramPass
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Inserter",
     "argument",
     "constant_value",
+    "constant_scalar",
     "fake_mode_of",
     "NodeRewrite",
     "VIEW_OPS",
@@ -215,6 +216,34 @@ def constant_value(program: ExportedProgram, node: Any) -> torch.Tensor | None:
         value = program.state_dict.get(name, program.constants.get(name))
         return value if isinstance(value, torch.Tensor) else None
     return None
+
+
+def constant_scalar(program: ExportedProgram, node: Any, depth: int = 0) -> float | None:
+    """The value of a number, or of a one-element tensor computed from constants only (a lifted
+    scalar, or ops on one: DeBERTa's scale is ``sqrt(tensor(E) * factor)``), or None."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    if not isinstance(node, torch.fx.Node) or depth > 8:
+        return None
+    value = constant_value(program, node)
+    if value is None and node.op == "call_function" and isinstance(node.target, OpOverload):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.numel() != 1 or val.requires_grad:
+            return None
+        args: list[Any] = []
+        for a in node.args:
+            if isinstance(a, torch.fx.Node):
+                x = constant_scalar(program, a, depth + 1)
+                if x is None:
+                    return None
+                args.append(torch.tensor(x, dtype=a.meta["val"].dtype))
+            else:
+                args.append(a)
+        with torch.no_grad():
+            value = node.target(*args, **node.kwargs)
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex():
+        return None
+    return float(value.reshape(()).item())
 
 
 def structure(node: Any, memo: dict[Any, Any]) -> Any:
