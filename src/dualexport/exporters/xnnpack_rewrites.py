@@ -33,6 +33,7 @@ from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
 from .xnnpack_bmm_attention import BmmAttentionAsSdpa
 from .xnnpack_dynamic import DYNAMIC_PASSES
 from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
+from .xnnpack_max_dim import MaxDimFromFront, ShiftedSoftmax
 from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
 from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum
 
@@ -500,6 +501,8 @@ AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     FoldDecomposed(),
     ErfGelu(),
     MaskedScoresAsSum(),
+    ShiftedSoftmax(),
+    MaxDimFromFront(),
     UntieEmbeddings(),
     LinearForTransposedWeight(),
     *DYNAMIC_PASSES,

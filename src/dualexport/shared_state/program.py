@@ -25,6 +25,7 @@ from ..errors import (
 )
 from .contract import InputSpec, input_specs
 from .dispatch_walk import walk_cia_ops_once_per_change
+from .experts import exportable_experts
 from .fingerprint import (
     ProgramFingerprint,
     ShapeEnvSnapshot,
@@ -168,7 +169,7 @@ class SharedProgram:
         model.eval()
         start = time.perf_counter()
         try:
-            with walk_cia_ops_once_per_change():
+            with walk_cia_ops_once_per_change(), exportable_experts(model):
                 ep = torch.export.export(
                     model,
                     tuple(args),
