@@ -25,7 +25,6 @@ from ..errors import (
 )
 from .contract import InputSpec, input_specs
 from .dispatch_walk import walk_cia_ops_once_per_change
-from .experts import exportable_experts
 from .fingerprint import (
     ProgramFingerprint,
     ShapeEnvSnapshot,
@@ -36,6 +35,7 @@ from .fingerprint import (
     snapshot_shape_env,
     weight_digests,
 )
+from .hf_trace import traced_as_deployed
 from .links import LinkReport, link_state_dict
 from .passes.base import PassRecord, ProgramPass
 from .range_guards import range_guards
@@ -169,7 +169,7 @@ class SharedProgram:
         model.eval()
         start = time.perf_counter()
         try:
-            with walk_cia_ops_once_per_change(), exportable_experts(model):
+            with walk_cia_ops_once_per_change(), traced_as_deployed(model, kwargs):
                 ep = torch.export.export(
                     model,
                     tuple(args),

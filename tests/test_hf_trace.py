@@ -1,4 +1,6 @@
-"""Mixture-of-experts decoders as transformers builds them (its default experts kernel,
+"""transformers models traced as deployed (shared_state/hf_trace.py).
+
+Mixture-of-experts decoders as transformers builds them (its default experts kernel,
 ``grouped_mm``, which on a CPU float32 model is the custom op ``transformers::grouped_mm_fallback``
 fed by a ``histc``): both targets from one trace, parity against the user's eager model on its own
 kernel, the experts' stacked weights proven in both files, and the user's setting untouched."""
@@ -16,7 +18,7 @@ from torch import nn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dualexport as dx
-from dualexport.shared_state.experts import EXPORTED_EXPERTS, exportable_experts
+from dualexport.shared_state.hf_trace import EXPORTED_EXPERTS, exportable_experts, no_cache_output
 
 VOCAB = 100
 TINY = dict(
@@ -149,3 +151,38 @@ def test_moe_decoder_generates_transformers_tokens_on_both_files(tmp_path: pathl
         tokens = torch.as_tensor(dx.generate(artifact.path, prompt, max_new_tokens=8)).reshape(-1)[-8:]
         assert tokens.tolist() == expected, target
     res.verify_weights()
+
+
+def test_a_causal_lm_as_built_exports_without_its_cache(tmp_path: pathlib.Path) -> None:
+    """``LlamaForCausalLM(config)`` called with ``input_ids`` alone: transformers' default
+    ``use_cache=True`` returns a ``DynamicCache``, which torch.export refused ("Found DynamicCache
+    in output"). The trace runs without it; the logits are the model's (checked here against the
+    model itself, on both files)."""
+    import transformers
+
+    config = transformers.LlamaConfig(**TINY)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert config.use_cache is True
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+    res = dx.export(model, (ids,), out_dir=tmp_path, name="llama", target="onnx")
+    assert res.ok, dict(res.errors)
+    assert config.use_cache is True  # restored
+    with torch.no_grad():
+        expected = model(ids).logits
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(res.artifacts["onnx"].path), providers=["CPUExecutionProvider"])
+    (got, *rest) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+    assert not rest  # the logits alone: no cache tensors
+    torch.testing.assert_close(torch.from_numpy(got), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_call_that_manages_its_cache_is_left_alone() -> None:
+    config = _Config(None)
+    config.use_cache = True  # type: ignore[attr-defined]
+    with no_cache_output(_Experts(config), {"use_cache": True}):
+        assert config.use_cache is True  # type: ignore[attr-defined]
+    with no_cache_output(_Experts(config), None):
+        assert config.use_cache is False  # type: ignore[attr-defined]
+    assert config.use_cache is True  # type: ignore[attr-defined]
