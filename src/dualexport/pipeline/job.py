@@ -35,6 +35,7 @@ from ..exporters.delegation import check_full_delegation
 from ..exporters.forked import ForkedCall
 from ..outputs import commit_files, staging_dir
 from ..shared_state import SharedProgram
+from ..shared_state.passes.graph_edit import OWN_CONSTANT_PREFIXES
 from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
@@ -386,7 +387,11 @@ class TargetJob:
         if weight_bytes(self.shared.exported_program) >= RELEASE_MEMORY_ABOVE:
             release_memory()  # the lowering's garbage must not stack under the smoke runs
         if lowered.kept_not_shared:
-            logger.warning(
+            # the constants dualexport's own passes made for this target (folded masks and
+            # position tables, XNNPACK layouts) are expected; anything else is worth a warning
+            ours = all(n.startswith(OWN_CONSTANT_PREFIXES) for n in lowered.kept_not_shared)
+            logger.log(
+                logging.DEBUG if ours else logging.WARNING,
                 "%s keeps tensors that are not the holder's objects: %s",
                 self.target,
                 list(lowered.kept_not_shared),

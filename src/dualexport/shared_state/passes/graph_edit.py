@@ -21,6 +21,7 @@ from .base import ProgramPass
 
 __all__ = [
     "lift_constant",
+    "OWN_CONSTANT_PREFIXES",
     "drop_dead_constants",
     "drop_dead_code",
     "call",
@@ -60,6 +61,11 @@ def fake_mode_of(program: ExportedProgram) -> Any:
     return detect_fake_mode(
         [n.meta["val"] for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     )
+
+
+#: Name prefixes of the constants dualexport's passes lift (``lift_constant``'s default and the
+#: XNNPACK program's own): a lowered program that keeps them holds what our passes made.
+OWN_CONSTANT_PREFIXES: tuple[str, ...] = ("_folded_constant", "_xnnpack_")
 
 
 def lift_constant(
