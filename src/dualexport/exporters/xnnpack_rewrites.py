@@ -36,6 +36,7 @@ from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
 from .xnnpack_max_dim import MaxDimFromFront, ShiftedSoftmax
 from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
 from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum
+from .xnnpack_unit_views import UnitDimViews
 
 __all__ = [
     "decompose_layer_norm",
@@ -503,6 +504,7 @@ AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     MaskedScoresAsSum(),
     ShiftedSoftmax(),
     MaxDimFromFront(),
+    UnitDimViews(),
     UntieEmbeddings(),
     LinearForTransposedWeight(),
     *DYNAMIC_PASSES,
