@@ -37,8 +37,8 @@ from ..shared_state.passes.graph_edit import (
     Inserter,
     call,
     constant_scalar,
-    drop_dead_code,
     fake_mode_of,
+    finish_edit,
     same_size,
     shape_of,
     structure,
@@ -214,7 +214,4 @@ class BmmAttentionAsSdpa(ProgramPass):
             changed = True
         if not changed:
             return program
-        drop_dead_code(graph)
-        graph.lint()
-        new.graph_module.recompile()
-        return new
+        return finish_edit(new)

@@ -40,8 +40,8 @@ from ..shared_state.passes.graph_edit import (
     VIEW_OPS,
     Inserter,
     call,
-    drop_dead_code,
     fake_mode_of,
+    finish_edit,
     same_size,
     shape_of,
 )
@@ -342,10 +342,7 @@ class XnnpackHeadAttention(ProgramPass):
             merge.merged.replace_all_uses_with(out)
             for dead in reversed(merge.path):  # SDPA is tagged nondeterministic: DCE keeps it
                 graph.erase_node(dead)
-        drop_dead_code(graph)
-        graph.lint()
-        new.graph_module.recompile()
-        return new
+        return finish_edit(new)
 
     @staticmethod
     def rewritable(program: ExportedProgram, node: torch.fx.Node) -> bool:

@@ -26,7 +26,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import NodeRewrite, drop_dead_code
+from ..shared_state.passes.graph_edit import NodeRewrite, finish_edit
 
 __all__ = ["MaxDimFromFront", "ShiftedSoftmax"]
 
@@ -85,8 +85,4 @@ class ShiftedSoftmax(ProgramPass):
                 continue
             node.replace_input_with(shifted, x)
             changed = True
-        if changed:
-            drop_dead_code(graph)
-            graph.lint()
-            program.graph_module.recompile()
-        return program
+        return finish_edit(program) if changed else program

@@ -32,8 +32,8 @@ from ..shared_state.passes.graph_edit import (
     Inserter,
     call,
     constant_value,
-    drop_dead_code,
     fake_mode_of,
+    finish_edit,
     lift_constant,
     shape_of,
 )
@@ -101,42 +101,38 @@ def _unit(size: Any) -> bool:
     return isinstance(size, int) and size == 1
 
 
-def _adds_unit_dim(node: torch.fx.Node) -> bool:
-    """A view of a tensor with two or more symbolic sizes to the same shape behind a new leading
-    dim of size 1 (what XNNPACK cannot reshape)."""
+def _view_shapes(node: torch.fx.Node) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """(input shape, output shape) of a view, None for another node."""
     if (
         node.op != "call_function"
         or node.target not in VIEW_OPS
         or not isinstance(node.args[0], torch.fx.Node)
     ):
-        return False
+        return None
     src, out = shape_of(node.args[0]), shape_of(node)
+    return None if src is None or out is None else (src, out)
+
+
+def _with_unit_dim(big: tuple[Any, ...], small: tuple[Any, ...]) -> bool:
+    """Whether ``big`` is ``small`` behind a leading dim of size 1."""
     return (
-        src is not None
-        and out is not None
-        and _symbolic(src) >= 2
-        and len(out) == len(src) + 1
-        and _unit(out[0])
-        and all(str(a) == str(b) for a, b in zip(out[1:], src, strict=True))
+        len(big) == len(small) + 1
+        and _unit(big[0])
+        and all(str(a) == str(b) for a, b in zip(big[1:], small, strict=True))
     )
+
+
+def _adds_unit_dim(node: torch.fx.Node) -> bool:
+    """A view of a tensor with two or more symbolic sizes to the same shape behind a new leading
+    dim of size 1 (what XNNPACK cannot reshape)."""
+    shapes = _view_shapes(node)
+    return shapes is not None and _symbolic(shapes[0]) >= 2 and _with_unit_dim(shapes[1], shapes[0])
 
 
 def _drops_unit_dim(node: torch.fx.Node) -> bool:
     """A view that drops a leading dim of size 1 and changes nothing else."""
-    if (
-        node.op != "call_function"
-        or node.target not in VIEW_OPS
-        or not isinstance(node.args[0], torch.fx.Node)
-    ):
-        return False
-    src, out = shape_of(node.args[0]), shape_of(node)
-    return (
-        src is not None
-        and out is not None
-        and len(src) == len(out) + 1
-        and _unit(src[0])
-        and all(str(a) == str(b) for a, b in zip(src[1:], out, strict=True))
-    )
+    shapes = _view_shapes(node)
+    return shapes is not None and _with_unit_dim(shapes[0], shapes[1])
 
 
 def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -243,11 +239,7 @@ class UnitDimViews(ProgramPass):
             for check in region.asserts:
                 graph.erase_node(check)
             changed = True
-        if changed:
-            drop_dead_code(graph)
-            graph.lint()
-            program.graph_module.recompile()
-        return program
+        return finish_edit(program) if changed else program
 
     def _without_unit_dim(
         self,

@@ -195,6 +195,15 @@ def drop_dead_code(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def finish_edit(program: ExportedProgram) -> ExportedProgram:
+    """After a pass edited ``program``'s graph: dead code dropped, the graph checked and its code
+    regenerated (what every rewrite ends with)."""
+    drop_dead_code(program.graph)
+    program.graph.lint()
+    program.graph_module.recompile()
+    return program
+
+
 def argument(node: torch.fx.Node, name: str, default: Any = None) -> Any:
     """``node``'s argument ``name``, positional or keyword, by the op's schema."""
     if name in node.kwargs:
