@@ -21,7 +21,7 @@ operand (outside the delegate, like the mask's own ops). The shared program is n
 from __future__ import annotations
 
 import operator
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -35,6 +35,7 @@ from ..shared_state.passes.graph_edit import (
     fake_mode_of,
     finish_edit,
     lift_constant,
+    same_size,
     shape_of,
 )
 
@@ -96,11 +97,6 @@ def _symbolic(shape: tuple[Any, ...]) -> int:
     return sum(not isinstance(s, int) for s in shape)
 
 
-def _unit(size: Any) -> bool:
-    """A size known to be 1 (a symbolic size is not compared: that would add a guard)."""
-    return isinstance(size, int) and size == 1
-
-
 def _view_shapes(node: torch.fx.Node) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """(input shape, output shape) of a view, None for another node."""
     if (
@@ -115,11 +111,7 @@ def _view_shapes(node: torch.fx.Node) -> tuple[tuple[Any, ...], tuple[Any, ...]]
 
 def _with_unit_dim(big: tuple[Any, ...], small: tuple[Any, ...]) -> bool:
     """Whether ``big`` is ``small`` behind a leading dim of size 1."""
-    return (
-        len(big) == len(small) + 1
-        and _unit(big[0])
-        and all(str(a) == str(b) for a, b in zip(big[1:], small, strict=True))
-    )
+    return len(big) == len(small) + 1 and same_size(big[0], 1) and same_size(big[1:], small)
 
 
 def _adds_unit_dim(node: torch.fx.Node) -> bool:
@@ -133,17 +125,6 @@ def _drops_unit_dim(node: torch.fx.Node) -> bool:
     """A view that drops a leading dim of size 1 and changes nothing else."""
     shapes = _view_shapes(node)
     return shapes is not None and _with_unit_dim(shapes[0], shapes[1])
-
-
-def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    return [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
-
-
-class _Values(dict[torch.fx.Node, Any]):
-    """The new value of each replaced node."""
-
-    def get_or_same(self, node: torch.fx.Node) -> Any:
-        return self.get(node, node)
 
 
 class _Region:
@@ -180,14 +161,14 @@ class _Region:
         if not region.exits:
             return None
         for node in region.nodes:  # every input is the region's, a number, or a readable operand
-            for arg in _tensor_args(node):
+            for arg in node.all_input_nodes:
                 if arg in inside:
                     continue
                 shape = shape_of(arg)
                 if shape is None:
                     return None
                 if len(shape) == rank:
-                    if not _unit(shape[0]):
+                    if not same_size(shape[0], 1):
                         return None
                     region.operands.append(arg)
         order = {n: i for i, n in enumerate(start.graph.nodes)}
@@ -196,7 +177,12 @@ class _Region:
 
     def _admits(self, node: torch.fx.Node) -> bool:
         shape = shape_of(node)
-        if node.op != "call_function" or shape is None or len(shape) != self.rank or not _unit(shape[0]):
+        if (
+            node.op != "call_function"
+            or shape is None
+            or len(shape) != self.rank
+            or not same_size(shape[0], 1)
+        ):
             return False
         if node.target in _SOFTMAX:
             dim = node.args[1]
@@ -218,28 +204,37 @@ class UnitDimViews(ProgramPass):
         changed = False
         for start in [n for n in graph.nodes if _adds_unit_dim(n)]:
             region = _Region.of(start)
-            if region is None:
-                continue
-            values = _Values({start: start.args[0]})
-            for operand in region.operands:
-                values[operand] = self._without_unit_dim(program, operand, fake_mode, dropped)
-            for node in region.nodes:
-                mapped: Any = torch.fx.node.map_arg((node.args, node.kwargs), values.get_or_same)
-                args, kwargs = mapped
-                if node.target in _SOFTMAX and args[1] >= 0:
-                    args = (args[0], args[1] - 1, *args[2:])
-                with graph.inserting_before(node):
-                    new = call(graph, node.target, args, kwargs, fake_mode=fake_mode)
-                new.meta.update(
-                    {k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")}
-                )
-                values[node] = new
-            for exit_view in region.exits:
-                exit_view.replace_all_uses_with(values.get_or_same(cast(torch.fx.Node, exit_view.args[0])))
-            for check in region.asserts:
-                graph.erase_node(check)
-            changed = True
+            if region is not None:
+                self._rewrite(program, region, fake_mode, dropped)
+                changed = True
         return finish_edit(program) if changed else program
+
+    def _rewrite(
+        self,
+        program: ExportedProgram,
+        region: _Region,
+        fake_mode: Any,
+        dropped: dict[torch.fx.Node, torch.fx.Node],
+    ) -> None:
+        """The region's ops again on the tensor without its unit dim; the exit views' readers
+        read them (the old region is dead code then)."""
+        graph = program.graph
+        values: dict[torch.fx.Node, Any] = {region.start: region.start.args[0]}
+        for operand in region.operands:
+            values[operand] = self._without_unit_dim(program, operand, fake_mode, dropped)
+        for node in region.nodes:
+            mapped: Any = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: values.get(a, a))
+            args, kwargs = mapped
+            if node.target in _SOFTMAX and args[1] >= 0:
+                args = (args[0], args[1] - 1, *args[2:])
+            with graph.inserting_before(node):
+                new = call(graph, node.target, args, kwargs, fake_mode=fake_mode)
+            new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+            values[node] = new
+        for exit_view in region.exits:
+            exit_view.replace_all_uses_with(values[exit_view.all_input_nodes[0]])
+        for check in region.asserts:
+            graph.erase_node(check)
 
     def _without_unit_dim(
         self,
@@ -292,11 +287,11 @@ class UnitDimViews(ProgramPass):
             return isinstance(dim, int) and dim % rank != 0
         if node.target is aten.expand.default:
             sizes = node.args[1]
-            return isinstance(sizes, (list, tuple)) and len(sizes) == rank and _unit(sizes[0])
+            return isinstance(sizes, (list, tuple)) and len(sizes) == rank and same_size(sizes[0], 1)
         if node.target not in _MASK_ELEMENTWISE:
             return False
-        for arg in _tensor_args(node):
+        for arg in node.all_input_nodes:
             shape = shape_of(arg)
-            if shape is None or (len(shape) == rank and not _unit(shape[0])):
+            if shape is None or (len(shape) == rank and not same_size(shape[0], 1)):
                 return False
         return True
