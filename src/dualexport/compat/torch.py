@@ -26,6 +26,7 @@ __all__ = [
     "cia_materializer",
     "cia_registrations",
     "detect_fake_mode",
+    "repair_user_links",
     "dim_like_types",
     "graph_used_names",
     "is_annotated",
@@ -180,6 +181,25 @@ def graph_used_names(graph: torch.fx.Graph) -> set[str]:
     """Names FX's namespace has handed out in ``graph`` (erased nodes' included)."""
     namespace = getattr(graph, "_graph_namespace", None)
     return set(getattr(namespace, "_used_names", ()))
+
+
+def repair_user_links(graph: torch.fx.Graph) -> int:
+    """Add each node to the ``users`` of every node it reads where the link is missing; how many
+    were added.
+
+    Why: torch.export 2.13 can hand back a graph whose nodes disagree about who reads whom (a
+    transformers ESM classifier: the pooler's ``select`` reads the encoder's last ``layer_norm``,
+    which is also an output, and that ``layer_norm`` does not list it). Every later graph edit that
+    erases or rewires the reader (dead-code elimination, ``replace_all_uses_with``) then fails
+    inside FX with ``KeyError`` on the missing entry.
+    """
+    added = 0
+    for node in graph.nodes:
+        for read in node.all_input_nodes:
+            if node not in read.users:
+                read.users[node] = None
+                added += 1
+    return added
 
 
 def detect_fake_mode(values: Iterable[Any]) -> Any:

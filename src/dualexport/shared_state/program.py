@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from ..compat.torch import non_persistent_buffers
+from ..compat.torch import non_persistent_buffers, repair_user_links
 from ..errors import (
     CaptureError,
     DecompositionError,
@@ -124,6 +124,9 @@ class SharedProgram:
         capture_seconds: float = 0.0,
         notes: Sequence[str] = (),
     ) -> None:
+        repaired = repair_user_links(exported_program.graph)
+        if repaired:
+            logger.debug("repaired %d reader link(s) missing from torch.export's graph", repaired)
         self._ep = exported_program
         self._decomposed: dict[str, ExportedProgram] = {}
         self._deferred: dict[str, Callable[[ExportedProgram], ExportedProgram]] = {}
