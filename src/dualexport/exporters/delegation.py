@@ -13,9 +13,24 @@ __all__ = ["DelegationReport", "check_full_delegation", "STRUCTURAL_OPS", "is_co
 
 #: Rows of ExecuTorch's table that compute nothing: ``getitem`` unpacks a delegate call's (or a
 #: multi-output op's) results, ``alloc`` is a planned buffer, ``sym_size``/``sym_numel``/
-#: ``sym_stride`` read a dynamic size. (Placeholders and outputs are not rows at all.)
+#: ``sym_stride`` read a dynamic size, and ``mul``/``add``/``sub``/``floordiv``/``mod``/``neg``
+#: (Python operators, not ``aten_*`` rows) compute on sizes. (Placeholders and outputs are not
+#: rows at all.)
 STRUCTURAL_OPS = frozenset(
-    {"getitem", "alloc", "aten_sym_size_int", "aten_sym_numel_default", "aten_sym_stride_int"}
+    {
+        "getitem",
+        "alloc",
+        "sym_size",
+        "aten_sym_size_int",
+        "aten_sym_numel_default",
+        "aten_sym_stride_int",
+        "mul",
+        "add",
+        "sub",
+        "floordiv",
+        "mod",
+        "neg",
+    }
 )
 
 

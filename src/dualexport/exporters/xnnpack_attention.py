@@ -93,6 +93,19 @@ def _bmm_mask_math(mask: torch.Tensor, heads_kv: int, group: int) -> torch.Tenso
     return base
 
 
+def _static_rows(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Static query and key lengths: the scores' batch is then their one dynamic size."""
+    return isinstance(q.shape[2], int) and isinstance(k.shape[2], int)
+
+
+def _batch_shared(mask: torch.Tensor, b: Any, heads_kv: int) -> bool:
+    """Whether ``mask`` is a per-head mask shared by the batch, laid out ``[Hkv, G * L, S]``
+    (:func:`_bmm_mask_math` with a batch of one), for scores of a batch other than one: the
+    scores are then viewed ``[B, Hkv, G * L, S]`` for the add (a mask shared by the heads has
+    a first dim of 1 or ``B * Hkv``; with ``Hkv == 1`` the plain broadcast already holds)."""
+    return mask.dim() == 3 and heads_kv > 1 and _known(mask.shape[0], heads_kv) and not _known(b, 1)
+
+
 def _attention_math(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
@@ -104,7 +117,10 @@ def _attention_math(
     q3 = q.reshape(b * hk, g * lq, e)
     kt = k.transpose(-1, -2).reshape(b * hk, e, s)
     scores = aten.bmm.default(q3, kt) * scale
-    if mask is not None:
+    if mask is not None and _batch_shared(mask, b, hk):
+        rows = scores.shape[1]
+        scores = (scores.reshape(b, hk, rows, s) + mask).reshape(b * hk, rows, s)
+    elif mask is not None:
         scores = scores + mask
     probs = aten._softmax.default(scores, -1, False)
     out = aten.bmm.default(probs, v.reshape(b * hk, s, ev))
@@ -217,8 +233,8 @@ def plan_attention(program: ExportedProgram, node: torch.fx.Node) -> _Plan | Non
         if not (_known(mh, 1) or _known(mh, h)):
             return None
         if _known(mh, h) and h > 1:  # a per-head mask
-            if _known(mb, 1) and not _known(qv.shape[0], 1):
-                return None  # shared by the batch: its merged [B * Hkv] dim would not broadcast
+            if _known(mb, 1) and not _known(qv.shape[0], 1) and hk > 1 and not _static_rows(qv, kv):
+                return None  # shared by the batch: added to the scores viewed [B, Hkv, G * L, S]
             if g > 1 and _known(lm, 1) and not _known(qv.shape[2], 1):
                 return None
     scale = argument(node, "scale")

@@ -13,6 +13,11 @@ the XNNPACK program once decomposed (the shared program is never edited).
   XNNPACK takes a matmul only with a static weight, so the transpose ran in one delegate and
   the ``mm`` outside it, twice per layer (Falcon: 12 subgraphs). ``LinearForTransposedWeight``
   writes it as the ``linear`` it is (``matmul``, ``mm`` or ``addmm`` of a transposed weight).
+* A weight or bias that is a slice of a concatenation of parameters, the slice being exactly one
+  of them: ``F.multi_head_attention_forward`` with separate projection weights (WavLM) slices
+  ``cat([b_q, b_k, b_v])`` back into ``b_q``, ``b_k``, ``b_v``. XNNPACK takes a linear only with
+  a static bias, so each projection was decomposed to ``expand`` + ``bmm`` and ran outside the
+  delegate, splitting it per layer. ``SliceOfConcat`` reads the part directly (the same tensor).
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import NodeRewrite, fake_mode_of, lift_constant
+from ..shared_state.passes.graph_edit import NodeRewrite, fake_mode_of, finish_edit, lift_constant
 
-__all__ = ["UntieEmbeddings", "LinearForTransposedWeight", "VIEW_OF"]
+__all__ = ["UntieEmbeddings", "LinearForTransposedWeight", "SliceOfConcat", "VIEW_OF"]
 
 aten = torch.ops.aten
 _GATHERS = {aten.embedding.default, aten.index_select.default}
@@ -115,3 +120,43 @@ class LinearForTransposedWeight(NodeRewrite):
         if weight is None or not isinstance(xv, torch.Tensor) or xv.dtype != torch.float32:
             return None
         return aten.linear.default, ((x, weight) if bias is None else (x, weight, bias))
+
+
+def _concatenated_part(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The input of ``cat(xs, d)`` that ``node``, ``slice(cat(xs, d), d, start, end)`` with step
+    1, reads exactly (None: a slice across parts, or not that form)."""
+    if node.target is not aten.slice.Tensor or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    source = node.args[0]
+    if source.target is not aten.cat.default:
+        return None
+    parts = source.args[0]
+    rank = source.meta["val"].dim()
+    dim = (source.args[1] if len(source.args) > 1 else 0) % rank
+    sdim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1 :])[:4]
+    if not isinstance(sdim, int) or sdim % rank != dim or step != 1:
+        return None
+    offset = 0
+    for part in parts if isinstance(parts, (list, tuple)) else ():
+        if not isinstance(part, torch.fx.Node) or not isinstance(size := part.meta["val"].shape[dim], int):
+            return None
+        if (start == offset or (start is None and offset == 0)) and end == offset + size:
+            return part
+        offset += size
+    return None
+
+
+class SliceOfConcat(ProgramPass):
+    """``slice(cat(xs, d), d, a, b)`` covering exactly ``xs[i]`` -> ``xs[i]``."""
+
+    serves = "xnnpack"
+    in_place = True
+
+    def call(self, program: ExportedProgram) -> ExportedProgram:
+        changed = False
+        for node in list(program.graph.nodes):
+            part = _concatenated_part(node) if node.op == "call_function" else None
+            if part is not None and str(part.meta["val"].shape) == str(node.meta["val"].shape):
+                node.replace_all_uses_with(part)
+                changed = True
+        return finish_edit(program) if changed else program

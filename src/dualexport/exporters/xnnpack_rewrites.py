@@ -33,9 +33,10 @@ from .xnnpack_attention import ATTENTION_TABLE, XnnpackAttention
 from .xnnpack_bmm_attention import BmmAttentionAsSdpa
 from .xnnpack_dynamic import DYNAMIC_PASSES
 from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
+from .xnnpack_masked_rows import MaskedRowsAsMax
 from .xnnpack_max_dim import MaxDimFromFront, ShiftedSoftmax
-from .xnnpack_partitions import LinearForTransposedWeight, UntieEmbeddings
-from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum
+from .xnnpack_partitions import LinearForTransposedWeight, SliceOfConcat, UntieEmbeddings
+from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum, SumAsLinear
 from .xnnpack_unit_views import UnitDimViews
 
 __all__ = [
@@ -504,6 +505,9 @@ AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     MaskedScoresAsSum(),
     ShiftedSoftmax(),
     MaxDimFromFront(),
+    MaskedRowsAsMax(),
+    SumAsLinear(),
+    SliceOfConcat(),
     UnitDimViews(),
     UntieEmbeddings(),
     LinearForTransposedWeight(),

@@ -1,0 +1,104 @@
+"""WavLM's attention on the XNNPACK target: a gate summed in groups (``.view(.., 2, 4).sum(-1)``)
+and ``F.multi_head_attention_forward`` with separate projection weights, whose biases it slices
+back out of ``cat([b_q, b_k, b_v])``. XNNPACK has no sum and takes a linear only with a static
+bias, so both split the delegate in every layer (tiny WavLM: 5 subgraphs, 92% delegated; 7 and
+86% with a dynamic batch). exporters/xnnpack_patterns.py (``SumAsLinear``) and
+exporters/xnnpack_partitions.py (``SliceOfConcat``) write them in forms XNNPACK takes."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+import dualexport as dx
+from dualexport.exporters import xnnpack_rewrites
+from dualexport.exporters.delegation import STRUCTURAL_OPS
+from dualexport.exporters.xnnpack_partitions import SliceOfConcat
+from dualexport.exporters.xnnpack_patterns import SumAsLinear
+
+SEQ = 12
+
+
+class GatedBiasAttention(nn.Module):
+    """Two layers of WavLM's gated relative-position attention, written as transformers does."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.proj = nn.ModuleList(nn.ModuleList(nn.Linear(dim, dim) for _ in range(4)) for _ in range(layers))
+        self.gate = nn.ModuleList(nn.Linear(dim // heads, 8) for _ in range(layers))
+        self.rel = nn.Embedding(2 * SEQ - 1, heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        h = self.heads
+        pos = torch.arange(n)
+        bias = self.rel(pos[:, None] - pos[None, :] + n - 1).permute(2, 0, 1).unsqueeze(0)
+        bias = bias.repeat(b, 1, 1, 1).view(b * h, n, n)
+        for (q, k, v, out), gate in zip(self.proj, self.gate, strict=True):
+            g = gate(x.view(b, n, h, -1).permute(0, 2, 1, 3)).view(b, h, n, 2, 4).sum(-1)
+            g_a, g_b = torch.sigmoid(g).chunk(2, dim=-1)
+            scale = (g_a * (g_b - 1.0) + 2.0).view(b * h, -1, 1)
+            xt = x.transpose(0, 1)
+            y, _ = F.multi_head_attention_forward(
+                xt, xt, xt, d, h,
+                in_proj_weight=None,
+                in_proj_bias=torch.cat((q.bias, k.bias, v.bias)),
+                bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0,
+                out_proj_weight=out.weight, out_proj_bias=out.bias,
+                training=False, attn_mask=scale * bias, need_weights=False,
+                use_separate_proj_weight=True,
+                q_proj_weight=q.weight, k_proj_weight=k.weight, v_proj_weight=v.weight,
+            )  # fmt: skip
+            x = x + y.transpose(0, 1)
+        return x
+
+
+def _export(tmp_path: pathlib.Path, batch_dynamic: bool) -> dx.ExportResult:
+    torch.manual_seed(0)
+    dynamic = {"x": {0: Dim("batch", min=1, max=8)}} if batch_dynamic else None
+    return dx.export(
+        GatedBiasAttention().eval(),
+        (torch.randn(2, SEQ, 32),),
+        out_dir=tmp_path,
+        name="m",
+        target="xnnpack",
+        cache=False,
+        dynamic_shapes=dynamic,
+    )
+
+
+@pytest.mark.parametrize("batch_dynamic", [False, True], ids=["static", "dynamic_batch"])
+def test_gated_attention_stays_in_one_delegate(tmp_path: pathlib.Path, batch_dynamic: bool) -> None:
+    res = _export(tmp_path, batch_dynamic)
+    assert res.ok, dict(res.errors)
+    report = dx.compare(res)
+    assert report.ok, report
+    delegation = res.artifacts["xnnpack"].delegation
+    assert delegation is not None
+    # the position bias's gather and batch repeat stay portable, before the layers: one delegate
+    # for both layers, and one for the bias's permute between the two ops
+    assert delegation.subgraphs <= 2, delegation.summary
+    outside = set(delegation.non_delegated_ops()) - STRUCTURAL_OPS
+    assert outside <= {"aten_embedding_default", "aten_repeat_default"}, delegation.summary
+
+
+def test_without_the_passes_each_layer_splits_the_delegate(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rest = tuple(
+        p for p in xnnpack_rewrites.AFTER_DECOMPOSITION if not isinstance(p, (SumAsLinear, SliceOfConcat))
+    )
+    assert len(rest) == len(xnnpack_rewrites.AFTER_DECOMPOSITION) - 2
+    monkeypatch.setattr(xnnpack_rewrites, "AFTER_DECOMPOSITION", rest)
+    res = _export(tmp_path, False)
+    delegation = res.artifacts["xnnpack"].delegation
+    assert delegation is not None
+    assert delegation.subgraphs >= 3, delegation.summary
+    outside = " ".join(delegation.non_delegated_ops())
+    assert "sum" in outside, delegation.summary
