@@ -389,7 +389,9 @@ class TargetJob:
         if lowered.kept_not_shared:
             # the constants dualexport's own passes made for this target (folded masks and
             # position tables, XNNPACK layouts) are expected; anything else is worth a warning
-            ours = all(n.startswith(OWN_CONSTANT_PREFIXES) for n in lowered.kept_not_shared)
+            ours = all(
+                n.removeprefix("c_").startswith(OWN_CONSTANT_PREFIXES) for n in lowered.kept_not_shared
+            )
             logger.log(
                 logging.DEBUG if ours else logging.WARNING,
                 "%s keeps tensors that are not the holder's objects: %s",
