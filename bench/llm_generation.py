@@ -5,7 +5,9 @@ One decoder (SmolLM2-135M's shape by default, random seeded weights), fp32 and i
 runtimes:
 
 * **dualexport**: ``dx.export_llm(model, max_seq_len=...)`` and ``quantize="int4"`` (8-bit dynamic
-  activations, int4 weights in groups of 32; one set of codes in both files);
+  activations, int4 weights in groups of 32; one set of codes in both files); on ONNX Runtime also
+  the int4 .onnx made with ``ExportOptions(onnx_int4_accuracy_level=4)`` (ONNX Runtime's int8
+  ``MatMulNBits`` kernel quantizes the float activations itself: other numerics, opt-in);
 * **ONNX Runtime anchor**: onnxruntime-genai's model builder (``python -m
   onnxruntime_genai.models.builder -i FOLDER -p fp32|int4 -e cpu``) on the same weights saved as a
   local model folder, run by onnxruntime-genai's own generator loop;
@@ -20,7 +22,8 @@ not): prefill tokens/s over the prompt, decode tokens/s as the median of single-
 greedy tokens (the fp32 rows should agree with each other). Export times are wall seconds on this
 machine.
 
-Run: ``python bench/llm_generation.py [--layers N] [--prompt P] [--new N] [--max-seq-len T]``;
+Run: ``python bench/llm_generation.py [--layers N] [--prompt P] [--new N] [--max-seq-len T]
+[--runtimes ORT|ExecuTorch]`` (one runtime: only its files are exported and measured);
 not part of ``make bench`` (six exports of a 135M model take tens of minutes on 2 cores).
 ``--layers 4`` keeps the shape of every layer and shortens the stack.
 """
@@ -63,22 +66,37 @@ def save_folder(model: Any, folder: pathlib.Path) -> None:
 
 # ----------------------------------------------------------------------------- the exports
 def export_dualexport(
-    model: Any, out: pathlib.Path, max_seq_len: int, quantize: str | None
+    model: Any,
+    out: pathlib.Path,
+    max_seq_len: int,
+    quantize: str | None,
+    targets: tuple[str, ...] = ("onnx", "xnnpack"),
+    accuracy_level: int = 0,
 ) -> dict[str, Any]:
     import dualexport as dx
+    from dualexport.exporters.base import ExportOptions
 
     t = time.perf_counter()
-    res = dx.export_llm(model, max_seq_len=max_seq_len, out_dir=out, name="m", quantize=quantize)
+    res = dx.export_llm(
+        model,
+        max_seq_len=max_seq_len,
+        out_dir=out,
+        name="m",
+        target=targets,
+        quantize=quantize,
+        options=ExportOptions(onnx_int4_accuracy_level=accuracy_level),
+    )
     seconds = time.perf_counter() - t
     if res.errors:
         raise SystemExit(f"dualexport export failed: {dict(res.errors)}")
-    d = res.artifacts["xnnpack"].delegation
-    return {
-        "seconds": seconds,
-        "onnx": str(res.artifacts["onnx"].path),
-        "pte": str(res.artifacts["xnnpack"].path),
-        "delegation": f"{100 * d.delegated_share:.1f}% in {d.subgraphs} subgraph(s)" if d else "?",
-    }
+    row: dict[str, Any] = {"seconds": seconds}
+    if "onnx" in res.artifacts:
+        row["onnx"] = str(res.artifacts["onnx"].path)
+    if "xnnpack" in res.artifacts:
+        d = res.artifacts["xnnpack"].delegation
+        row["pte"] = str(res.artifacts["xnnpack"].path)
+        row["delegation"] = f"{100 * d.delegated_share:.1f}% in {d.subgraphs} subgraph(s)" if d else "?"
+    return row
 
 
 def export_plain_executorch(model: Any, out: pathlib.Path, max_seq_len: int, int4: bool) -> dict[str, Any]:
@@ -222,6 +240,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_decoder_args(ap)
+    ap.add_argument("--runtimes", default="ORT,ExecuTorch", help="ORT, ExecuTorch or both")
     ap.add_argument("--measure", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     ap.add_argument("--layout", help=argparse.SUPPRESS)
@@ -254,39 +273,57 @@ def _run(ns: argparse.Namespace) -> None:
         flush=True,
     )
     save_folder(model, out / "hf")
+    runtimes = {r.strip() for r in ns.runtimes.split(",")}
+    ort, et = "ORT" in runtimes, "ExecuTorch" in runtimes
+    targets = tuple(t for t, on in (("onnx", ort), ("xnnpack", et)) if on)
     exports: dict[str, dict[str, Any]] = {}
     for precision in ("fp32", "int4"):
         quantize = None if precision == "fp32" else "int4"
         exports[f"dualexport {precision}"] = export_dualexport(
-            model, out / f"dx_{precision}", ns.max_seq_len, quantize
+            model, out / f"dx_{precision}", ns.max_seq_len, quantize, targets
         )
-        exports[f"plain ExecuTorch {precision}"] = export_plain_executorch(
-            model, out / f"et_{precision}", ns.max_seq_len, precision == "int4"
-        )
-        exports[f"onnxruntime-genai {precision}"] = export_genai(
-            out / "hf", out / f"genai_{precision}", precision
-        )
+        if ort and quantize:
+            exports[f"dualexport {precision} level 4"] = export_dualexport(
+                model, out / f"dx_{precision}_l4", ns.max_seq_len, quantize, ("onnx",), accuracy_level=4
+            )
+        if et:
+            exports[f"plain ExecuTorch {precision}"] = export_plain_executorch(
+                model, out / f"et_{precision}", ns.max_seq_len, precision == "int4"
+            )
+        if ort:
+            exports[f"onnxruntime-genai {precision}"] = export_genai(
+                out / "hf", out / f"genai_{precision}", precision
+            )
     for name, e in exports.items():
         extra = f", XNNPACK {e['delegation']}" if "delegation" in e else ""
         print(f"export {name:24s} {e['seconds']:7.1f} s{extra}", flush=True)
-    rows = _measure_all(exports, prompt_ids, ns.new)
+    rows = _measure_all(exports, prompt_ids, ns.new, ort, et)
     _print(rows)
 
 
 def _measure_all(
-    exports: dict[str, dict[str, Any]], prompt: list[int], new: int
+    exports: dict[str, dict[str, Any]], prompt: list[int], new: int, ort: bool, et: bool
 ) -> dict[tuple[str, str], Any]:
     rows: dict[tuple[str, str], Any] = {}
     for precision in ("fp32", "int4"):
         dx_files = exports[f"dualexport {precision}"]
-        plain = exports[f"plain ExecuTorch {precision}"]
-        genai = exports[f"onnxruntime-genai {precision}"]
-        rows["ORT", f"dualexport {precision}"] = measure("dx", dx_files["onnx"], None, prompt, new)
-        rows["ORT", f"onnxruntime-genai {precision}"] = measure("genai", genai["folder"], None, prompt, new)
-        rows["ExecuTorch", f"dualexport {precision}"] = measure("dx", dx_files["pte"], None, prompt, new)
-        rows["ExecuTorch", f"plain ExecuTorch {precision}"] = measure(
-            "dx", plain["pte"], plain["layout"], prompt, new
-        )
+        if ort:
+            genai = exports[f"onnxruntime-genai {precision}"]
+            rows["ORT", f"dualexport {precision}"] = measure("dx", dx_files["onnx"], None, prompt, new)
+            level4 = exports.get(f"dualexport {precision} level 4")
+            if level4:
+                rows["ORT", f"dualexport {precision} level 4"] = measure(
+                    "dx", level4["onnx"], None, prompt, new
+                )
+            rows["ORT", f"onnxruntime-genai {precision}"] = measure(
+                "genai", genai["folder"], None, prompt, new
+            )
+        if et:
+            plain = exports[f"plain ExecuTorch {precision}"]
+            rows["ExecuTorch", f"dualexport {precision}"] = measure("dx", dx_files["pte"], None, prompt, new)
+            rows["ExecuTorch", f"plain ExecuTorch {precision}"] = measure(
+                "dx", plain["pte"], plain["layout"], prompt, new
+            )
     return rows
 
 
@@ -299,7 +336,8 @@ def _print(rows: dict[tuple[str, str], Any]) -> None:
         if "error" in row:
             print(f"{runtime:11s} {name:26s} FAILED: {row['error']}")
             continue
-        reference = rows.get(("ORT", f"dualexport {name.split()[-1]}"), {}).get("tokens") or []
+        precision = "int4" if "int4" in name else "fp32"
+        reference = rows.get(("ORT", f"dualexport {precision}"), {}).get("tokens") or []
         same = sum(a == b for a, b in zip(row["tokens"], reference, strict=False))
         print(
             f"{runtime:11s} {name:26s} {row['prefill']:13.1f} {row['decode']:12.2f} {row['rss']:7.0f} MB "
@@ -307,14 +345,20 @@ def _print(rows: dict[tuple[str, str], Any]) -> None:
         )
     print()
     for runtime, anchor in (("ORT", "onnxruntime-genai"), ("ExecuTorch", "plain ExecuTorch")):
-        for precision in ("fp32", "int4"):
-            ours, theirs = rows[runtime, f"dualexport {precision}"], rows[runtime, f"{anchor} {precision}"]
-            if "error" in ours or "error" in theirs:
+        if (runtime, "dualexport fp32") not in rows:
+            continue
+        for ours_name, precision in (
+            ("dualexport fp32", "fp32"),
+            ("dualexport int4", "int4"),
+            ("dualexport int4 level 4", "int4"),
+        ):
+            ours, theirs = rows.get((runtime, ours_name)), rows[runtime, f"{anchor} {precision}"]
+            if ours is None or "error" in ours or "error" in theirs:
                 continue
             print(
-                f"{runtime:10s} {precision}: dualexport / {anchor}: decode {ours['decode'] / theirs['decode']:.2f}x, "
-                f"prefill {ours['prefill'] / theirs['prefill']:.2f}x, peak RSS above imports "
-                f"{(ours['rss'] - ours['base']) / max(theirs['rss'] - theirs['base'], 1):.2f}x"
+                f"{runtime:10s} {ours_name}: / {anchor} {precision}: decode "
+                f"{ours['decode'] / theirs['decode']:.2f}x, prefill {ours['prefill'] / theirs['prefill']:.2f}x, "
+                f"peak RSS above imports {(ours['rss'] - ours['base']) / max(theirs['rss'] - theirs['base'], 1):.2f}x"
             )
         fp32, int4 = rows[runtime, "dualexport fp32"], rows[runtime, "dualexport int4"]
         if "error" not in fp32 and "error" not in int4:

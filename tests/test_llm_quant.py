@@ -321,6 +321,19 @@ def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["export-llm", "cfg.json", "--max-seq-len", "16", "--quantize", "int2"])
     assert info.value.code == 2 and "int2" in capsys.readouterr().err
+    assert ns.ort_int4_accuracy_level == 0
+    args = [
+        "export-llm",
+        "cfg.json",
+        "--max-seq-len",
+        "16",
+        "--quantize",
+        "int4",
+        "--ort-int4-accuracy-level",
+    ]
+    assert build_parser().parse_args([*args, "4"]).ort_int4_accuracy_level == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*args, "2"])
 
 
 def test_session_config_key_is_shared_by_exporter_and_runner() -> None:
@@ -421,3 +434,56 @@ def test_weights_read_by_other_matmuls_are_listed_and_a_program_without_linears_
     only_conv1d = torch.export.export(Conv1D(64, 64).eval(), (x,))
     with pytest.raises(InputError, match="found no linear to quantize"):
         quantize_linears(only_conv1d, SCHEMES["int4"])
+
+
+# ------------------------------------------------------------- ONNX Runtime's int8 kernel (opt-in)
+def test_accuracy_level_4_runs_float_activations_into_matmulnbits(tmp_path: pathlib.Path) -> None:
+    """``ExportOptions(onnx_int4_accuracy_level=4)``: every int4 linear of the .onnx reads its float
+    activation (the program's 8-bit per-token quantization of it is left out of the ONNX file:
+    no ``Round`` anywhere), ONNX Runtime fuses one MatMulNBits at accuracy level 4 per linear,
+    the file is proven against the program by SNR, and generation parity holds it to the kernel's
+    bound, reported, while the program (and so the .pte) keeps its quantized activations."""
+    import onnx
+
+    from dualexport.exporters.base import ExportOptions
+    from dualexport.llm.parity import KERNEL_QUANTIZED_TOLERANCE
+
+    model = make_model("llama")
+    res = dx.export_llm(
+        model,
+        max_seq_len=T,
+        out_dir=tmp_path / "out",
+        name="llama",
+        target="onnx",
+        quantize="int4",
+        options=ExportOptions(onnx_int4_accuracy_level=4),
+    )
+    assert res.ok, dict(res.errors)
+    path = res.artifacts["onnx"].path
+    written = collections.Counter(
+        n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node
+    )
+    assert written["Round"] == 0 and written["DequantizeLinear"] == LINEARS, dict(written)
+    assert any("quantize_affine" in str(n.target) for n in res.program.exported_program.graph.nodes)
+    ops = ort_optimized_ops(path, tmp_path)
+    assert ops["MatMulNBits"] == LINEARS, dict(ops)
+    fused = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    attrs = {
+        a.name: onnx.helper.get_attribute_value(a)
+        for a in next(n for n in fused.graph.node if n.op_type == "MatMulNBits").attribute
+    }
+    assert attrs["accuracy_level"] == 4
+    report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+    assert report.tolerances == {"onnx": KERNEL_QUANTIZED_TOLERANCE}
+    assert report.ok, report.to_markdown()
+    worst = max(p.teacher_forced["onnx"].max_abs for p in report.prompts)
+    assert 0 < worst <= KERNEL_QUANTIZED_TOLERANCE.max_abs  # other numerics, within the bound
+    assert "accuracy level 4" in report.to_markdown()
+
+
+def test_accuracy_levels_other_than_0_and_4_are_refused() -> None:
+    from dualexport.exporters.base import ExportOptions
+
+    assert ExportOptions().onnx_int4_accuracy_level == 0
+    with pytest.raises(InputError, match="onnx_int4_accuracy_level"):
+        ExportOptions(onnx_int4_accuracy_level=2)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Protocol
 
 from torch.export import ExportedProgram
 
+from ..errors import InputError
 from .delegation import DelegationReport
 
 __all__ = ["Exporter", "LoweredTarget", "ExportOptions"]
@@ -18,6 +19,8 @@ __all__ = ["Exporter", "LoweredTarget", "ExportOptions"]
 #: Options that change how the files are made, never their bytes (pruned passes are proven
 #: byte-identical; a forked lowering lowers the same program).
 FILE_NEUTRAL = frozenset({"prune_backend_passes", "parallel"})
+#: the ``MatMulNBits`` accuracy levels an int4 .onnx can record (ExportOptions.onnx_int4_accuracy_level)
+INT4_ACCURACY_LEVELS = (0, 4)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,19 @@ class ExportOptions:
     #: constant method ``key`` returning the text's UTF-8 bytes as ints (keys are identifiers);
     #: e.g. the cache layout of ``dx.export_llm``, read back by ``dx.generate``
     file_metadata: tuple[tuple[str, str], ...] = ()
+    #: ONNX Runtime's ``MatMulNBits`` accuracy level for int4 weights (``export_llm(quantize=
+    #: "int4")``): 0 (default) computes what the program computes (its 8-bit per-token
+    #: activations in the graph, float arithmetic in the kernel); 4 lets the kernel quantize the
+    #: float activations itself, per block, with int8 arithmetic: ONNX Runtime's fast path, other
+    #: numerics (proven against the program by SNR; see exporters/onnx_quant.py)
+    onnx_int4_accuracy_level: int = 0
+
+    def __post_init__(self) -> None:
+        if self.onnx_int4_accuracy_level not in INT4_ACCURACY_LEVELS:
+            raise InputError(
+                f"onnx_int4_accuracy_level={self.onnx_int4_accuracy_level!r} is not one dualexport writes",
+                hint="0 (the program's numerics, the default) or 4 (ONNX Runtime's int8 kernel, faster)",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """The options that make the files (how they are made, never their bytes, left out)."""

@@ -38,7 +38,14 @@ from ..shared_state.contract import RANGES_METADATA, input_specs
 from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, unused_weight_notes
 from .base import ExportOptions, LoweredTarget
-from .onnx_quant import MIN_OPSET, Int4Result, register_torchao, uses_torchao, weights_for_matmulnbits
+from .onnx_quant import (
+    MIN_OPSET,
+    Int4Result,
+    float_activations,
+    register_torchao,
+    uses_torchao,
+    weights_for_matmulnbits,
+)
 
 __all__ = ["OnnxExporter", "unsupported_nodes"]
 
@@ -168,6 +175,8 @@ class OnnxExporter:
         registry = self.registry(options)
         if uses_torchao(program):  # quantized weights: written as ONNX Runtime fuses them
             register_torchao(registry)
+            if options is not None and options.onnx_int4_accuracy_level == 4:
+                program = float_activations(program)  # the kernel quantizes them (level 4)
         dec = onnx_prepare_for_export(program, registry)
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
         _make_state_explicit(dec)
@@ -265,7 +274,7 @@ class OnnxExporter:
                 target=self.target,
                 hint=f"export with ExportOptions(onnx_opset={MIN_OPSET})",
             )
-        return weights_for_matmulnbits(model)
+        return weights_for_matmulnbits(model, options.onnx_int4_accuracy_level)
 
     def _save(
         self, model: Any, staging: pathlib.Path, name: str, options: ExportOptions

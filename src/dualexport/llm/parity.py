@@ -40,6 +40,7 @@ __all__ = [
     "teacher_forced_metrics",
     "top2_margin",
     "QUANTIZED_TOLERANCE",
+    "KERNEL_QUANTIZED_TOLERANCE",
 ]
 
 
@@ -68,6 +69,15 @@ class StepTolerance:
 #: by 7e-3 and fails this bound, which is the point. ``margin_bound`` is twice ``max_abs``.
 QUANTIZED_TOLERANCE = StepTolerance(
     max_abs=5e-3, min_cosine=0.9999, min_top1=0.0, min_top5=0.9, max_kl=1e-4, margin_bound=1e-2
+)
+
+#: An int4 .onnx the user asked to run at ``MatMulNBits`` accuracy level 4
+#: (``ExportOptions(onnx_int4_accuracy_level=4)``: ONNX Runtime quantizes each activation per block
+#: of 32 with int8 arithmetic, where the program quantizes it per token): other numerics by
+#: design, so held to a looser bound, recorded in the report. Measured on the test decoders: max_abs
+#: 7e-3, cosine 0.99994, SNR 39 dB. ``margin_bound`` is twice ``max_abs``.
+KERNEL_QUANTIZED_TOLERANCE = StepTolerance(
+    max_abs=5e-2, min_cosine=0.999, min_top1=0.0, min_top5=0.8, max_kl=1e-3, margin_bound=1e-1
 )
 
 
@@ -168,6 +178,11 @@ class GenerationReport:
     layout: LlmLayout
     prompts: tuple[PromptParity, ...]
     tolerance: StepTolerance = field(default_factory=StepTolerance)
+    #: a runtime held to another bound than ``tolerance`` (an int4 .onnx at accuracy level 4)
+    tolerances: Mapping[str, StepTolerance] = field(default_factory=dict)
+
+    def tolerance_of(self, runtime: str) -> StepTolerance:
+        return self.tolerances.get(runtime, self.tolerance)
 
     @property
     def runtimes(self) -> tuple[str, ...]:
@@ -176,11 +191,10 @@ class GenerationReport:
     @property
     def ok(self) -> bool:
         for p in self.prompts:
-            if self.tolerance.tokens_identical and any(
-                p.counted(rt, self.tolerance) for rt in p.first_divergence
-            ):
-                return False
-            if not all(m.within(self.tolerance) for m in p.teacher_forced.values()):
+            for rt in p.first_divergence:
+                if self.tolerance_of(rt).tokens_identical and p.counted(rt, self.tolerance_of(rt)):
+                    return False
+            if not all(m.within(self.tolerance_of(rt)) for rt, m in p.teacher_forced.items()):
                 return False
         return True
 
@@ -193,6 +207,7 @@ class GenerationReport:
             "reference": self.reference,
             "layout": asdict(self.layout),
             "tolerance": asdict(self.tolerance),
+            "tolerances": {k: asdict(v) for k, v in self.tolerances.items()},
             "prompts": [
                 {
                     "prompt": list(p.prompt),
@@ -231,7 +246,7 @@ class GenerationReport:
                     else "- | - | - | - | -"
                 )
                 same = "identical" if d is None else f"differ ({len(toks)} tokens)"
-                if d is not None and not p.counted(rt, self.tolerance):
+                if d is not None and not p.counted(rt, self.tolerance_of(rt)):
                     same += ", within the margin bound"
                 margin = p.margins.get(rt)
                 mtext = "-" if margin is None else f"{margin:.3g}"
@@ -245,6 +260,12 @@ class GenerationReport:
             lines += [
                 "",
                 f"A token difference counts only where eager's top-2 margin is > {self.tolerance.margin_bound}.",
+            ]
+        for rt, tol in self.tolerances.items():
+            lines += [
+                "",
+                f"{rt}: ONNX Runtime's int8 MatMulNBits kernel (accuracy level 4): held to max abs "
+                f"{tol.max_abs:g}, cosine >= {tol.min_cosine:g}, margin bound {tol.margin_bound}.",
             ]
         return "\n".join(lines) + "\n"
 
@@ -346,6 +367,11 @@ def generation_parity(
     sessions = {"eager": eager, **{t: DecoderSession.open(p) for t, p in paths.items()}}
     quantized = uses_torchao(shared.exported_program)
     tol = tolerance or (QUANTIZED_TOLERANCE if quantized else StepTolerance())
+    tols = {
+        name: KERNEL_QUANTIZED_TOLERANCE
+        for name, s in sessions.items()
+        if tolerance is None and quantized and _kernel_quantized(s)
+    }
     use_hf = not quantized and model is not None and callable(getattr(model, "generate", None))
     prompt_list = (
         [prompt_ids(p, layout.vocab) for p in prompts] if prompts else default_prompts(layout, max_new_tokens)
@@ -368,7 +394,7 @@ def generation_parity(
             for name, s in sessions.items():
                 if name != "eager":
                     teacher[name] = teacher_forced_metrics(
-                        _forced_logits(s, prompt, forced), ref_logits, tol.margin_bound
+                        _forced_logits(s, prompt, forced), ref_logits, tols.get(name, tol).margin_bound
                     )
         divergence = {k: _first_divergence(v, reference) for k, v in free.items()}
         out.append(
@@ -385,4 +411,10 @@ def generation_parity(
                 note=note,
             )
         )
-    return GenerationReport("transformers.generate" if use_hf else "eager", layout, tuple(out), tol)
+    return GenerationReport("transformers.generate" if use_hf else "eager", layout, tuple(out), tol, tols)
+
+
+def _kernel_quantized(session: DecoderSession) -> bool:
+    """Whether ``session`` runs an .onnx recorded at ``MatMulNBits`` accuracy level 4."""
+    config = getattr(session.runner, "session_config", {})
+    return str(config.get("session.qdq_matmulnbits_accuracy_level", "0")) == "4"
