@@ -102,3 +102,51 @@ def test_without_the_passes_each_layer_splits_the_delegate(
     assert delegation.subgraphs >= 3, delegation.summary
     outside = " ".join(delegation.non_delegated_ops())
     assert "sum" in outside, delegation.summary
+
+
+def test_slices_of_a_concatenation_read_its_parts() -> None:
+    """Exactly one part (first, middle, the last one to the end, negative dim) -> that part; a
+    slice across two parts, or with a step, keeps its slice."""
+
+    class Parts(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            joined = torch.cat((a, b, c), dim=-1)
+            return joined[:, :4], joined[:, 4:6], joined[:, 6:], joined[:, 2:5], joined[:, 0:4:2]
+
+    args = (torch.randn(3, 4), torch.randn(3, 2), torch.randn(3, 5))
+    ep = torch.export.export(Parts(), args).run_decompositions({})
+    before = [n for n in ep.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    SliceOfConcat()(ep)
+    after = [n for n in ep.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert len(before) >= 5 and len(after) == 2, ep.graph  # across parts, and the stepped one
+    outs = ep.module()(*args)
+    expected = Parts()(*args)
+    assert all(torch.equal(o, e) for o, e in zip(outs, expected, strict=True))
+
+
+def test_short_last_dim_sums_become_linears_with_their_values() -> None:
+    """``sum(-1)`` over a static dim of at most SUM_AS_LINEAR_MAX, keepdim or not -> a linear of
+    ones (and a view); a longer dim, another dim or an integer sum keep their ``sum``."""
+    from dualexport.exporters.xnnpack_patterns import SUM_AS_LINEAR_MAX
+
+    class Sums(nn.Module):
+        def forward(
+            self, x: torch.Tensor, long: torch.Tensor, ints: torch.Tensor
+        ) -> tuple[torch.Tensor, ...]:
+            return (
+                x.sum(-1),
+                x.sum(-1, keepdim=True),
+                x[..., :1].sum(-1),
+                long.sum(-1),
+                x.sum(1),
+                ints.sum(-1),
+            )
+
+    args = (torch.randn(2, 3, 4), torch.randn(2, SUM_AS_LINEAR_MAX + 1), torch.arange(6).view(2, 3))
+    ep = torch.export.export(Sums(), args).run_decompositions({})
+    SumAsLinear()(ep)
+    sums = [n for n in ep.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList]
+    linears = [n for n in ep.graph.nodes if n.target is torch.ops.aten.linear.default]
+    assert len(sums) == 3 and len(linears) == 3, ep.graph
+    for got, expected in zip(ep.module()(*args), Sums()(*args), strict=True):
+        assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6)

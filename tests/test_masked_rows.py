@@ -110,3 +110,36 @@ def test_without_the_pass_the_guard_splits_the_delegate(
     assert delegation is not None
     assert delegation.subgraphs >= 2, delegation.summary
     assert any("any" in op for op in delegation.non_delegated_ops()), delegation.summary
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_the_guard_in_xnnpack_ops_gives_the_same_values(rank: int) -> None:
+    """The pass on the guard alone: the additive mask and the row factor computed from clamp and
+    a row max equal the ``where``/``any`` forms where it matters: the factor exactly, the
+    additive mask exactly on visible rows (``-inf`` -> ``finfo.min``) and finite on masked ones;
+    a dynamic key length is left alone (XNNPACK's max pooling has a fixed size)."""
+
+    class Guard(nn.Module):
+        def forward(self, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            visible = (m != float("-inf")).any(-1, keepdim=True)
+            return torch.where(visible, m, 0.0), visible.to(m.dtype)
+
+    m = torch.randn([2, 3, 5, 7][4 - rank :])
+    m[..., 1, :] = float("-inf")  # a fully masked row
+    m[..., 2, :3] = float("-inf")  # a partly masked one
+    ep = torch.export.export(Guard(), (m,)).run_decompositions({})
+    MaskedRowsAsMax()(ep)
+    left = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not left & {"aten.any.dim", "aten.ne.Scalar", "aten.where.self"}, left
+    additive, factor = ep.module()(m)
+    expected_add, expected_factor = Guard()(m)
+    assert torch.equal(factor, expected_factor)
+    lowest = torch.finfo(m.dtype).min
+    assert torch.equal(additive[..., 0, :], expected_add[..., 0, :])
+    assert torch.equal(additive[..., 2, :], expected_add[..., 2, :].clamp(min=lowest))
+    assert torch.isfinite(additive).all()
+
+    dynamic = torch.export.export(Guard(), (m,), dynamic_shapes={"m": {rank - 1: Dim("keys", min=2, max=16)}})
+    dynamic = dynamic.run_decompositions({})
+    MaskedRowsAsMax()(dynamic)
+    assert any(n.target is torch.ops.aten.any.dim for n in dynamic.graph.nodes)

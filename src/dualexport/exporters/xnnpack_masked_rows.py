@@ -36,6 +36,8 @@ __all__ = ["MaskedRowsAsMax"]
 
 aten = torch.ops.aten
 _CASTS = (aten._to_copy.default, aten.to.dtype)
+_WHERES = (aten.where.self, aten.where.ScalarOther)
+_ASSERT = aten._assert_tensor_metadata.default
 
 
 def _guarded_mask(program: ExportedProgram, visible: torch.fx.Node) -> torch.fx.Node | None:
@@ -56,14 +58,26 @@ def _guarded_mask(program: ExportedProgram, visible: torch.fx.Node) -> torch.fx.
     if visible.args[1] not in (-1, val.dim() - 1) or not isinstance(val.shape[-1], int):
         return None
     for user in visible.users:
-        if user.target in _CASTS and user.meta["val"].dtype == val.dtype:
+        if user.target is _ASSERT or (user.target in _CASTS and user.meta["val"].dtype == val.dtype):
             continue
-        if user.target is aten.where.self and user.args[0] is visible and user.args[1] is mask:
-            other = constant_value(program, user.args[2])
-            if other is not None and other.numel() == 1 and float(other) == 0.0:
-                continue
+        if _zero_fill(program, user, visible, mask):
+            continue
         return None
     return mask
+
+
+def _zero_fill(
+    program: ExportedProgram, node: torch.fx.Node, visible: torch.fx.Node, mask: torch.fx.Node
+) -> bool:
+    """Whether ``node`` is ``where(visible, mask, 0)`` (the 0 a scalar, or a constant once
+    decomposition made it one)."""
+    if node.target not in _WHERES or node.args[:2] != (visible, mask):
+        return False
+    other = node.args[2]
+    if isinstance(other, (int, float)):
+        return float(other) == 0.0
+    value = constant_value(program, other)
+    return value is not None and value.numel() == 1 and float(value) == 0.0
 
 
 class MaskedRowsAsMax(ProgramPass):
@@ -99,4 +113,5 @@ class MaskedRowsAsMax(ProgramPass):
             row_max = add(aten.view.default, (row_max, [*shape[:-1], 1]))
         factor = add(aten.clamp.default, (add(aten.add.Tensor, (row_max, 1.0)), 0.0, 1.0))
         for user in list(visible.users):
-            user.replace_all_uses_with(clamped if user.target is aten.where.self else factor)
+            if user.target is not _ASSERT:
+                user.replace_all_uses_with(clamped if user.target in _WHERES else factor)

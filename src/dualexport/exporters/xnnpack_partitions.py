@@ -136,13 +136,18 @@ def _concatenated_part(node: torch.fx.Node) -> torch.fx.Node | None:
     sdim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1 :])[:4]
     if not isinstance(sdim, int) or sdim % rank != dim or step != 1:
         return None
+    total = source.meta["val"].shape[dim]
     offset = 0
     for part in parts if isinstance(parts, (list, tuple)) else ():
         if not isinstance(part, torch.fx.Node) or not isinstance(size := part.meta["val"].shape[dim], int):
             return None
-        if (start == offset or (start is None and offset == 0)) and end == offset + size:
+        to_end = end is None or (isinstance(end, int) and isinstance(total, int) and end >= total)
+        stop = offset + size
+        if (start == offset or (start is None and offset == 0)) and (
+            end == stop or (to_end and stop == total)
+        ):
             return part
-        offset += size
+        offset = stop
     return None
 
 
