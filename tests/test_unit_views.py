@@ -106,3 +106,33 @@ def test_a_region_with_another_op_is_left_alone() -> None:
     UnitDimViews()(ep)
     after = [n.name for n in ep.graph.nodes if n.target is torch.ops.aten.view.default]
     assert before and after == before
+
+
+def test_bloom_with_a_dynamic_sequence_loads_and_stays_in_one_delegate(tmp_path: pathlib.Path) -> None:
+    """BLOOM's ``scores.view(B, H, L, -1)`` gives the key length as ``(s**2)//s``: equal to ``s``,
+    but not the same expression. The unit-dim views were then kept (4 of them outside XNNPACK, 5
+    subgraphs), and ExecuTorch refused to load the .pte (error 0x21 planning a tensor of that
+    size). ``graph_edit.same_size`` asks the shape environment: 1 subgraph, loaded, proven."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import BloomConfig, BloomModel
+
+    torch.manual_seed(0)
+    config = BloomConfig(hidden_size=32, n_layer=2, n_head=4, vocab_size=100)
+    model = BloomModel(config).eval()
+    ids = torch.randint(0, 100, (1, 9))
+    res = dx.export(
+        model,
+        (ids,),
+        out_dir=tmp_path,
+        name="bloom",
+        target="xnnpack",
+        cache=False,
+        dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=32)}},
+    )
+    assert res.ok, dict(res.errors)  # loaded and proven at the range's edges
+    delegation = res.artifacts["xnnpack"].delegation
+    assert delegation is not None
+    assert delegation.subgraphs == 1, delegation.summary
+    assert "aten_view_copy_default" not in delegation.non_delegated_ops(), delegation.summary

@@ -52,8 +52,21 @@ def shape_of(node: Any) -> tuple[Any, ...] | None:
 
 
 def same_size(a: Any, b: Any) -> bool:
-    """Two sizes (or shapes) known equal: the same integer or the same symbolic expression."""
-    return str(a) == str(b)
+    """Two sizes (or shapes) known equal: the same integer or symbolic expression, or symbolic
+    expressions the shape environment proves equal without a guard (BLOOM's ``view(.., -1)``
+    leaves ``(s**2)//s`` where the key length ``s`` is meant)."""
+    if str(a) == str(b):
+        return True
+    if isinstance(a, (tuple, list, torch.Size)) and isinstance(b, (tuple, list, torch.Size)):
+        return len(a) == len(b) and all(same_size(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        try:
+            return bool(statically_known_true(a == b))
+        except Exception:
+            return False
+    return False
 
 
 def fake_mode_of(program: ExportedProgram) -> Any:
