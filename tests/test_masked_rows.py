@@ -143,3 +143,13 @@ def test_the_guard_in_xnnpack_ops_gives_the_same_values(rank: int) -> None:
     dynamic = dynamic.run_decompositions({})
     MaskedRowsAsMax()(dynamic)
     assert any(n.target is torch.ops.aten.any.dim for n in dynamic.graph.nodes)
+
+    # a dynamic query length (the rows) is taken: the views to 4-D write it -1
+    rows = torch.export.export(Guard(), (m,), dynamic_shapes={"m": {rank - 2: Dim("rows", min=3, max=16)}})
+    rows = rows.run_decompositions({})
+    MaskedRowsAsMax()(rows)
+    assert not any(n.target is torch.ops.aten.any.dim for n in rows.graph.nodes)
+    longer = torch.cat([m, m], dim=rank - 2)
+    additive, factor = rows.module()(longer)
+    assert torch.equal(factor, Guard()(longer)[1])
+    assert torch.isfinite(additive).all()

@@ -57,6 +57,8 @@ def _guarded_mask(program: ExportedProgram, visible: torch.fx.Node) -> torch.fx.
         return None
     if visible.args[1] not in (-1, val.dim() - 1) or not isinstance(val.shape[-1], int):
         return None
+    if val.dim() == 3 and sum(not isinstance(s, int) for s in val.shape) > 1:
+        return None  # viewed as 4-D: one dynamic size at most (written -1)
     for user in visible.users:
         if user.target is _ASSERT or (user.target in _CASTS and user.meta["val"].dtype == val.dtype):
             continue
@@ -105,7 +107,7 @@ class MaskedRowsAsMax(ProgramPass):
         add = Inserter(visible.graph, visible, fake_mode)
         clamped = add(aten.clamp.default, (mask, lowest))
         masked = add(aten.sub.Tensor, (mask, clamped))  # 0 where visible, -inf where masked
-        shape = list(val.shape)
+        shape = [s if isinstance(s, int) else -1 for s in val.shape]
         if val.dim() == 3:
             masked = add(aten.view.default, (masked, [1, *shape]))
         row_max = add(operator.getitem, (add(aten.max.dim, (masked, 3, True)), 0))

@@ -213,8 +213,9 @@ class SumAsLinear(ProgramPass):
                 )
             with graph.inserting_before(node):
                 total = call(graph, aten.linear.default, (x, ones[(k, val.dtype)]), fake_mode=fake_mode)
-                if not keep:
-                    total = call(graph, aten.view.default, (total, out_shape), fake_mode=fake_mode)
+                if not keep:  # the one dynamic size (if any) written -1, XNNPACK's dynamic reshape
+                    sizes = [s if isinstance(s, int) else -1 for s in out_shape]
+                    total = call(graph, aten.view.default, (total, sizes), fake_mode=fake_mode)
             node.replace_all_uses_with(total)
             graph.erase_node(node)
             changed = True
