@@ -98,6 +98,7 @@ def test_a_fully_masked_row_gives_eager_zeros(tmp_path: pathlib.Path) -> None:
     assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (got - expected).abs().max()
 
 
+@pytest.mark.slow  # a control (what the pass fixes); the default run keeps the fix's own checks
 def test_without_the_pass_the_guard_splits_the_delegate(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
