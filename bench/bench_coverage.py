@@ -42,20 +42,11 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from dualexport.exporters.delegation import STRUCTURAL_OPS  # noqa: E402  (light: no torch import)
+
 #: Rows of the delegation table that compute nothing: delegate outputs, planned buffers, and the
-#: Python arithmetic on symbolic sizes.
-STRUCTURAL = {
-    "getitem",
-    "alloc",
-    "sym_size",
-    "aten_sym_size_int",
-    "mul",
-    "add",
-    "sub",
-    "floordiv",
-    "mod",
-    "neg",
-}
+#: Python arithmetic on symbolic sizes (dualexport's own list, the one ``delegated_share`` uses).
+STRUCTURAL = STRUCTURAL_OPS
 GOALS = {"median_share": 0.95, "min_share": 0.85, "max_subgraphs": 3, "dynamic_share": 0.90}
 
 
