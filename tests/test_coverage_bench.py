@@ -19,8 +19,17 @@ pytestmark = pytest.mark.slow
 
 #: (architecture, whether its dynamic shapes are checked too): BERT and ModernBERT with batch and
 #: sequence dynamic (per-head attention, xnnpack_heads.py; ModernBERT's fused q/k/v projection and
-#: rotary embeddings, xnnpack_head_inputs.py)
-CASES = [("llama", True), ("vit", True), ("bert", True), ("modernbert", True)]
+#: rotary embeddings, xnnpack_head_inputs.py); Swin with a dynamic batch (window masks with a
+#: learned bias: xnnpack_masked_rows.py and the batch-shared mask) and BLOOM with a dynamic
+#: sequence (alibi scores viewed with a (s**2)//s key length: graph_edit.same_size)
+CASES = [
+    ("llama", True),
+    ("vit", True),
+    ("bert", True),
+    ("modernbert", True),
+    ("swin", True),
+    ("bloom", True),
+]
 
 
 def _assert_export(row: dict[str, Any], share: float, label: str) -> None:
