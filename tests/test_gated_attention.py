@@ -2,7 +2,8 @@
 and ``F.multi_head_attention_forward`` with separate projection weights, whose biases it slices
 back out of ``cat([b_q, b_k, b_v])``. XNNPACK has no sum and takes a linear only with a static
 bias, so both split the delegate in every layer (tiny WavLM: 5 subgraphs, 92% delegated; 7 and
-86% with a dynamic batch). exporters/xnnpack_patterns.py (``SumAsLinear``) and
+86% with a dynamic batch). exporters/xnnpack_rewrites.py (the sum as a ``linear`` of ones, in
+the reductions group of the decomposition table) and
 exporters/xnnpack_partitions.py (``SliceOfConcat``) write them in forms XNNPACK takes."""
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import dualexport as dx
 from dualexport.exporters import xnnpack_rewrites
 from dualexport.exporters.delegation import STRUCTURAL_OPS
 from dualexport.exporters.xnnpack_partitions import SliceOfConcat
-from dualexport.exporters.xnnpack_patterns import SumAsLinear
 
 SEQ = 12
 
@@ -92,11 +92,10 @@ def test_gated_attention_stays_in_one_delegate(tmp_path: pathlib.Path, batch_dyn
 def test_without_the_passes_each_layer_splits_the_delegate(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rest = tuple(
-        p for p in xnnpack_rewrites.AFTER_DECOMPOSITION if not isinstance(p, (SumAsLinear, SliceOfConcat))
-    )
-    assert len(rest) == len(xnnpack_rewrites.AFTER_DECOMPOSITION) - 2
+    rest = tuple(p for p in xnnpack_rewrites.AFTER_DECOMPOSITION if not isinstance(p, SliceOfConcat))
+    assert len(rest) == len(xnnpack_rewrites.AFTER_DECOMPOSITION) - 1
     monkeypatch.setattr(xnnpack_rewrites, "AFTER_DECOMPOSITION", rest)
+    monkeypatch.delitem(xnnpack_rewrites.mean_as_global_pool, torch.ops.aten.sum.dim_IntList)
     res = _export(tmp_path, False)
     delegation = res.artifacts["xnnpack"].delegation
     assert delegation is not None
@@ -128,7 +127,7 @@ def test_slices_of_a_concatenation_read_its_parts() -> None:
 def test_short_last_dim_sums_become_linears_with_their_values() -> None:
     """``sum(-1)`` over a static dim of at most SUM_AS_LINEAR_MAX, keepdim or not -> a linear of
     ones (and a view); a longer dim, another dim or an integer sum keep their ``sum``."""
-    from dualexport.exporters.xnnpack_patterns import SUM_AS_LINEAR_MAX
+    from dualexport.exporters.xnnpack_rewrites import SUM_AS_LINEAR_MAX, mean_as_global_pool
 
     class Sums(nn.Module):
         def forward(
@@ -144,8 +143,7 @@ def test_short_last_dim_sums_become_linears_with_their_values() -> None:
             )
 
     args = (torch.randn(2, 3, 4), torch.randn(2, SUM_AS_LINEAR_MAX + 1), torch.arange(6).view(2, 3))
-    ep = torch.export.export(Sums(), args).run_decompositions({})
-    SumAsLinear()(ep)
+    ep = torch.export.export(Sums(), args).run_decompositions(dict(mean_as_global_pool))
     sums = [n for n in ep.graph.nodes if n.target is torch.ops.aten.sum.dim_IntList]
     linears = [n for n in ep.graph.nodes if n.target is torch.ops.aten.linear.default]
     assert len(sums) == 3 and len(linears) == 3, ep.graph

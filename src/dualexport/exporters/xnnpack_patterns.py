@@ -14,11 +14,6 @@ op on the XNNPACK program once decomposed (the shared program is never edited).
   before the delegate. The softmax is the same bit for bit: a visible score is ``s + 0``; a
   masked one is ``c`` or ``s + c``, both underflowing to 0 beside a visible score, and equal
   (``s + c == c`` in float arithmetic for ``|s|`` below ``2 ** -24 * |c|``) in a row with none.
-* A sum over a short last dim, ``x.sum(-1)``, written as ``linear(x, ones(1, K))`` (and a view
-  that drops the unit dim): XNNPACK has no sum, and WavLM's gated relative position bias sums
-  each head's gate projection in groups of 4 (``.view(.., 2, 4).sum(-1)``) in every layer, which
-  split the delegate once per layer (tiny WavLM: 5 subgraphs against wav2vec2's 3). The same
-  sum (one product by 1 per term), added in the kernel's order.
 """
 
 from __future__ import annotations
@@ -36,12 +31,11 @@ from ..shared_state.passes.graph_edit import (
     call,
     constant_scalar,
     fake_mode_of,
-    finish_edit,
     lift_constant,
     structure,
 )
 
-__all__ = ["ErfGelu", "MaskedScoresAsSum", "SumAsLinear", "HUGE_NEGATIVE", "SUM_AS_LINEAR_MAX"]
+__all__ = ["ErfGelu", "MaskedScoresAsSum", "HUGE_NEGATIVE"]
 
 aten = torch.ops.aten
 _MUL = (aten.mul.Tensor, aten.mul.Scalar)
@@ -171,52 +165,3 @@ class MaskedScoresAsSum(ProgramPass):
             graph.lint()
             program.graph_module.recompile()
         return program
-
-
-#: the longest summed dim written as a ``linear`` (a reduction over more is left to the runtime)
-SUM_AS_LINEAR_MAX = 64
-
-
-class SumAsLinear(ProgramPass):
-    """``sum(x, [-1], keepdim)`` on a float ``x`` whose last dim is static and at most
-    :data:`SUM_AS_LINEAR_MAX` -> ``linear(x, ones(1, K))`` (viewed without its unit dim unless
-    ``keepdim``; the view needs at most one dynamic size)."""
-
-    serves = "xnnpack"
-    in_place = True
-
-    def call(self, program: ExportedProgram) -> ExportedProgram:
-        graph = program.graph
-        fake_mode = fake_mode_of(program)
-        ones: dict[tuple[int, torch.dtype], torch.fx.Node] = {}
-        changed = False
-        for node in list(graph.nodes):
-            if node.target is not aten.sum.dim_IntList or node.kwargs.get("dtype") is not None:
-                continue
-            x, dims, keep = (list(node.args) + [False])[:3]
-            val = getattr(x, "meta", {}).get("val")
-            if not isinstance(val, torch.Tensor) or val.dtype != torch.float32 or val.dim() < 2:
-                continue
-            k = val.shape[-1]
-            if (
-                list(dims or []) not in ([-1], [val.dim() - 1])
-                or not isinstance(k, int)
-                or k > SUM_AS_LINEAR_MAX
-            ):
-                continue
-            out_shape = list(node.meta["val"].shape)
-            if not keep and sum(not isinstance(s, int) for s in out_shape) > 1:
-                continue
-            if (k, val.dtype) not in ones:
-                ones[(k, val.dtype)] = lift_constant(
-                    program, torch.ones(1, k, dtype=val.dtype), prefix="_xnnpack_ones", fake_mode=fake_mode
-                )
-            with graph.inserting_before(node):
-                total = call(graph, aten.linear.default, (x, ones[(k, val.dtype)]), fake_mode=fake_mode)
-                if not keep:  # the one dynamic size (if any) written -1, XNNPACK's dynamic reshape
-                    sizes = [s if isinstance(s, int) else -1 for s in out_shape]
-                    total = call(graph, aten.view.default, (total, sizes), fake_mode=fake_mode)
-            node.replace_all_uses_with(total)
-            graph.erase_node(node)
-            changed = True
-        return finish_edit(program) if changed else program

@@ -36,7 +36,7 @@ from .xnnpack_heads import HEADS_TABLE, XnnpackHeadAttention
 from .xnnpack_masked_rows import MaskedRowsAsMax
 from .xnnpack_max_dim import MaxDimFromFront, ShiftedSoftmax
 from .xnnpack_partitions import LinearForTransposedWeight, SliceOfConcat, UntieEmbeddings
-from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum, SumAsLinear
+from .xnnpack_patterns import ErfGelu, MaskedScoresAsSum
 from .xnnpack_unit_views import UnitDimViews
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
     "run_pipeline",
     "pipeline_names",
     "REWRITES",
+    "SUM_AS_LINEAR_MAX",
+    "mean_as_global_pool",
 ]
 
 aten = torch.ops.aten
@@ -172,6 +174,27 @@ def _mean(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *,
         else [1 if i in axes else s for i, s in enumerate(x.shape)]
     )
     return pooled.reshape(out_shape)
+
+
+#: the longest last dim whose ``sum`` is written as a ``linear`` (a longer one is left to the runtime)
+SUM_AS_LINEAR_MAX = 64
+
+
+def _sum(x: torch.Tensor, dims: Sequence[int] | None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """``sum`` over a short static last dim as a fully connected layer with one output (a
+    ``[1, K]`` row of ones, as ``_mean``'s row of ``1/D``): XNNPACK has no sum, and WavLM's gated
+    relative position bias sums each head's gate in groups of 4 (``.view(.., 2, 4).sum(-1)``)
+    in every layer, which split the delegate once per layer (tiny WavLM: 5 subgraphs against
+    wav2vec2's 3). The same sum, one product by 1 per term."""
+    if dtype is not None or x.dtype != torch.float32 or x.dim() < 2 or not dims:
+        return NotImplemented
+    rank, k = x.dim(), x.shape[-1]
+    if sorted({d % rank for d in dims}) != [rank - 1] or not isinstance(k, int) or k > SUM_AS_LINEAR_MAX:
+        return NotImplemented
+    if not keepdim and not _viewable(x.shape[:-1]):
+        return NotImplemented
+    total = aten.linear.default(x, torch.ones((1, k), dtype=x.dtype))
+    return total if keepdim else total.reshape(x.shape[:-1])
 
 
 def _amax(x: torch.Tensor, dim: Sequence[int] = (), keepdim: bool = False) -> Any:
@@ -460,6 +483,7 @@ elementwise: dict[Any, Callable[..., Any]] = {
 }
 mean_as_global_pool: dict[Any, Callable[..., Any]] = {
     aten.mean.dim: _mean,
+    aten.sum.dim_IntList: _sum,
     aten.amax.default: _amax,
     aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
@@ -506,7 +530,6 @@ AFTER_DECOMPOSITION: tuple[ProgramPass, ...] = (
     ShiftedSoftmax(),
     MaxDimFromFront(),
     MaskedRowsAsMax(),
-    SumAsLinear(),
     SliceOfConcat(),
     UnitDimViews(),
     UntieEmbeddings(),
