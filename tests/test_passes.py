@@ -81,6 +81,8 @@ def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: path
         "AssertOnlyScalars",
         "SqueezeOnlyUnitDims",
         "FoldConstants",
+        "IntegerIdentities",
+        "UniformLookup",
         "IndexAsView",
         "FoldSymbolic",
         "ExplicitMaskedRows",

@@ -22,11 +22,19 @@ from .canonical import (
 )
 from .fold import FOLD_MAX_BYTES, FoldConstants, fold_constants
 from .fold_symbolic import FoldSymbolic
+from .lookups import IntegerIdentities, UniformLookup
 from .scalars import AssertOnlyScalars
 
 #: Canonicalizations that read folded constants: run after ``FoldConstants`` (with
 #: ExportOptions.canonicalize).
-AFTER_FOLDING: tuple[ProgramPass, ...] = (IndexAsView(), FoldSymbolic(), ExplicitMaskedRows(), FoldSymbolic())
+AFTER_FOLDING: tuple[ProgramPass, ...] = (
+    IntegerIdentities(),
+    UniformLookup(),
+    IndexAsView(),
+    FoldSymbolic(),
+    ExplicitMaskedRows(),
+    FoldSymbolic(),
+)
 
 __all__ = [
     # the protocol
@@ -42,6 +50,8 @@ __all__ = [
     "AssertOnlyScalars",
     "IndexAsView",
     "SqueezeOnlyUnitDims",
+    "IntegerIdentities",
+    "UniformLookup",
     "AFTER_FOLDING",
     "ExplicitMaskedRows",
     # folding

@@ -36,7 +36,7 @@ from torch.export import ExportedProgram
 
 from ...compat.torch import op_schema
 from .base import ProgramPass
-from .graph_edit import VIEW_OPS, call, constant_value, drop_dead_constants, fake_mode_of
+from .graph_edit import VIEW_OPS, call, constant_value, drop_dead_constants, fake_mode_of, mutated_through
 from .scalars import AssertOnlyScalars
 
 __all__ = [
@@ -49,21 +49,6 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-
-
-def _mutated_through(node: torch.fx.Node) -> bool:
-    """Whether a user writes into ``node``'s result (or a view of it): then it must stay a view."""
-    for user in node.users:
-        if user.op != "call_function":
-            continue
-        schema = op_schema(user.target)
-        if schema is not None and schema.is_mutable:
-            for arg, value in zip(schema.arguments, user.args, strict=False):
-                if value is node and arg.alias_info is not None and arg.alias_info.is_write:
-                    return True
-        if user.target in VIEW_OPS and _mutated_through(user):
-            return True
-    return False
 
 
 def _finish(program: ExportedProgram) -> None:
@@ -80,7 +65,7 @@ class ReshapeForView(ProgramPass):
     def call(self, program: ExportedProgram) -> ExportedProgram:
         changed = False
         for node in program.graph.nodes:
-            if node.op == "call_function" and node.target is aten.view.default and not _mutated_through(node):
+            if node.op == "call_function" and node.target is aten.view.default and not mutated_through(node):
                 node.target = aten.reshape.default
                 changed = True
         if changed:
@@ -224,7 +209,7 @@ class IndexAsView(ProgramPass):
         changed = False
         fake_mode = fake_mode_of(program)
         for node in list(program.graph.nodes):
-            if node.op != "call_function" or node.target is not aten.index.Tensor or _mutated_through(node):
+            if node.op != "call_function" or node.target is not aten.index.Tensor or mutated_through(node):
                 continue
             x, indices = node.args[0], node.args[1]
             xv, out = x.meta.get("val"), node.meta.get("val")
@@ -282,7 +267,7 @@ class SqueezeOnlyUnitDims(ProgramPass):
         changed = False
         outputs = set(program.graph.output_node().all_input_nodes)
         for node in list(program.graph.nodes):
-            if node.op != "call_function" or node.target not in _SQUEEZES or _mutated_through(node):
+            if node.op != "call_function" or node.target not in _SQUEEZES or mutated_through(node):
                 continue
             src = node.args[0]
             val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None

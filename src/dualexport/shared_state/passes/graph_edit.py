@@ -35,6 +35,7 @@ __all__ = [
     "COPY_OPS",
     "shape_of",
     "same_size",
+    "mutated_through",
     "structure",
 ]
 
@@ -79,6 +80,21 @@ def fake_mode_of(program: ExportedProgram) -> Any:
 #: Name prefixes of the constants dualexport's passes lift (``lift_constant``'s default and the
 #: XNNPACK program's own): a lowered program that keeps them holds what our passes made.
 OWN_CONSTANT_PREFIXES: tuple[str, ...] = ("_folded_constant", "_xnnpack_")
+
+
+def mutated_through(node: torch.fx.Node) -> bool:
+    """Whether a user writes into ``node``'s result (or a view of it): then it must stay a view."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        schema = op_schema(user.target)
+        if schema is not None and schema.is_mutable:
+            for arg, value in zip(schema.arguments, user.args, strict=False):
+                if value is node and arg.alias_info is not None and arg.alias_info.is_write:
+                    return True
+        if user.target in VIEW_OPS and mutated_through(user):
+            return True
+    return False
 
 
 def lift_constant(
