@@ -230,6 +230,26 @@ def test_compare_runs_on_an_llm_result(llama: Exported) -> None:
     assert report.outputs and all(set(o.metrics) == {"onnx", "xnnpack"} for o in report.outputs)
 
 
+def test_rms_norms_fuse_in_onnx_runtime(llama: Exported, tmp_path: pathlib.Path) -> None:
+    """Every RMSNorm of the .onnx (2 per layer and the final one) is one
+    SimplifiedLayerNormalization in ONNX Runtime's optimized session: the file writes
+    ``x * rsqrt(a)`` as ``x / Sqrt(a)``, the form ORT's fusion recognises (onnx_passes.py)."""
+    import onnx
+    import onnxruntime as ort
+
+    path = llama.res.artifacts["onnx"].path
+    assert not any(
+        n.op_type == "Reciprocal" for n in onnx.load(str(path), load_external_data=False).graph.node
+    )
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node]
+    layers = llama.model.config.num_hidden_layers
+    assert ops.count("SimplifiedLayerNormalization") == 2 * layers + 1, sorted(set(ops))
+    assert "Sqrt" not in ops
+
+
 def test_generation_stops_at_eos(llama: Exported) -> None:
     """Like transformers: the end-of-sequence id is emitted, then generation stops."""
     prompt = prompts()[0]

@@ -168,10 +168,10 @@ class OnnxExporter:
         return ORT_PIPELINE if options.onnx_passes else ()
 
     def decompose(self, program: ExportedProgram, options: ExportOptions | None = None) -> ExportedProgram:
-        from .onnx_fixes import contiguous_attention_outputs
+        from .onnx_fixes import contiguous_attention_outputs, pooled_means_as_last_dim_means
         from .onnx_int8 import fuse_dynamic_linears
 
-        program = contiguous_attention_outputs(program)
+        program = pooled_means_as_last_dim_means(contiguous_attention_outputs(program))
         registry = self.registry(options)
         if uses_torchao(program):  # quantized weights: written as ONNX Runtime fuses them
             register_torchao(registry)
