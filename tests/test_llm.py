@@ -1,4 +1,4 @@
-"""Generative decoders (issue 19, step 1): ``dx.export_llm`` on seven transformers architectures
+"""Generative decoders (issue 19, step 1): ``dx.export_llm`` on ten transformers architectures
 (tiny configs, seeded random weights), both targets from one trace; ``dx.generate`` on each file
 against transformers' own ``generate``; teacher-forced logits; refusal past ``max_seq_len``; the
 weight proof; XNNPACK delegation; the CLI. One export per architecture, shared by its checks;
@@ -68,6 +68,9 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     # soft-capped attention and logits, alternating sliding layers (window < T); transformers'
     # generate leaves the model's own uncached forward on long prompts
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {**COMMON, "head_dim": 16, "sliding_window": 8}),
+    # interleaved rotary (x[..., ::2], x[..., 1::2] stacked) and an RMSNorm epsilon of 1e-8, which
+    # onnxscript's no-op rule took for 0 (NaN logits in the .onnx before the exact identities)
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {**COMMON, "head_dim": 16, "pad_token_id": 0}),
     # learned positions, tied head, MHA; the default init (0.02) gives one repeated token
     "gpt2": (
         "GPT2Config",
@@ -75,7 +78,7 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
         dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.2),
     ),
 }
-#: In the default run (one export, ~1.5 min of CPU on 2 cores); the other six run in `make test-slow`.
+#: In the default run (one export, ~1.5 min of CPU on 2 cores); the others run in `make test-slow`.
 FAST = ("llama",)
 
 

@@ -302,3 +302,42 @@ def test_hf_case_passes_against_plain(case: Case, tmp_path: pathlib.Path) -> Non
             _proven(case, plain)
         return
     _proven(case, plain)
+
+
+def test_onnx_identities_are_exact_and_keep_weights(tmp_path: pathlib.Path) -> None:
+    """onnxscript's no-op rules match their constant within 1e-8: ``variance + 1e-8`` (Helium's
+    RMSNorm epsilon) lost its epsilon and a zero row gave NaN. The pipeline's own identity rules
+    drop only an exact scalar identity, never a weight (a scalar gain of 1.0 is a parameter)."""
+    from torch import nn
+
+    class Norm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(()))  # a weight that equals 1 at init
+            self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            var = x.pow(2).mean(-1, keepdim=True)
+            y = x * torch.rsqrt(var + 1e-8) * self.weight
+            return (y * self.gain + 0.0) * 1.0
+
+    x = torch.randn(2, 5, 16)
+    x[0, 2] = 0.0  # a zero row: finite only with the epsilon
+    m = Norm().eval()
+    res = dx.export(m, (x,), out_dir=tmp_path, name="m", target=("onnx",), cache=False)
+    assert not res.errors, dict(res.errors)
+    import onnx
+
+    model = onnx.load(str(res.artifacts["onnx"].files[0]))
+    assert "gain" in {i.name for i in model.graph.initializer}
+    assert res.manifest.entry("gain").locations["onnx"].status == "exact"
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    want = m(x).detach().numpy()
+    assert not (want != want).any()  # eager is finite on the zero row
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), rtol=1e-5, atol=1e-5)
+    # the exact identities still go (``+ 0.0``, ``* 1.0``); the epsilon's Add stays
+    assert sum(n.op_type == "Add" for n in model.graph.node) == 1
+    assert not any(n.op_type == "Identity" for n in model.graph.node)

@@ -89,3 +89,29 @@ def test_compare_dir_rechecks_from_disk(res: dx.ExportResult, tmp_path: pathlib.
     shutil.copytree(res.out_dir, copy)
     report, check, werr, name = compare_dir(copy)
     assert name == "mlp" and werr is None and check is not None and report.ok
+
+
+def test_an_empty_constant_is_not_a_missing_weight(tmp_path: pathlib.Path) -> None:
+    """XLM's attention starts a transformers cache layer as ``torch.tensor([])`` and concatenates
+    the keys to it: torch.export lifts a constant of 0 elements, which a file need not (and the
+    ONNX pipeline does not) store. Nothing to carry is not a missing weight; the real weights are
+    still proven."""
+    from torch import nn
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            keys = torch.tensor([])  # DynamicLayer's empty start
+            return self.fc(torch.cat([keys, x], dim=-1))
+
+    res = dx.export(M().eval(), (torch.randn(2, 4),), out_dir=tmp_path, name="m", cache=False)
+    assert not res.errors, dict(res.errors)
+    empties = [e for e in res.manifest.entries if e.nbytes == 0]
+    assert empties, "the trace lifted no empty constant: the test no longer tests it"
+    check = res.verify_weights()
+    assert all(e.locations[t].status in ("not_stored", "exact") for e in empties for t in e.locations)
+    assert res.manifest.entry("fc.weight").locations["onnx"].status in ("exact", "transformed")
+    assert check.entries == len(res.manifest.entries)

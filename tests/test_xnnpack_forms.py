@@ -246,6 +246,56 @@ def test_two_dynamic_sizes_in_one_view_are_a_library_limit() -> None:
     assert "aten_view_copy_default" not in outside, outside
 
 
+class InterleavedRotary(nn.Module):
+    """RoFormer's rotary (``stack([-x[..., 1::2], x[..., ::2]], -1).reshape_as(x)``): a trailing
+    unsqueeze of a tensor with a dynamic batch and sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.fc(x).view(x.shape[0], x.shape[1], 2, 8).transpose(1, 2)
+        rot = torch.stack([-q[..., 1::2], q[..., ::2]], dim=-1).reshape_as(q)
+        return q * 0.5 + rot
+
+
+_BATCH_SEQ = ({0: Dim("b", min=1, max=8), 1: Dim("s", min=2, max=16)},)
+
+
+def test_an_unsqueeze_xnnpack_cannot_write_stays_outside(tmp_path: pathlib.Path) -> None:
+    """The partitioner took the unsqueeze and its visitor refused it: "XNNPACK reshape only
+    supports 1 dynamic dimension" (see the strict xfail below). dx.export keeps it portable:
+    the file lowers and is proven at the range's edges."""
+    res = dx.export(
+        InterleavedRotary().eval(),
+        (torch.randn(2, 6, 16),),
+        out_dir=tmp_path,
+        name="m",
+        target=("xnnpack",),
+        dynamic_shapes=_BATCH_SEQ,
+        cache=False,
+    )
+    assert not res.errors, dict(res.errors)
+    assert res.artifacts["xnnpack"].delegation.by_op["aten_unsqueeze_copy_default"][1] >= 1
+    assert dx.compare(res).ok
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="ExecuTorch 1.4.1: UnsqueezeCopyConfig accepts a trailing unsqueeze whose output has two "
+    "dynamic dims, and op_squeeze.py's visitor then raises 'XNNPACK reshape only supports 1 dynamic "
+    "dimension' during to_edge_transform_and_lower",
+)
+def test_plain_lowering_of_that_unsqueeze_fails() -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(InterleavedRotary().eval(), (torch.randn(2, 6, 16),), dynamic_shapes=_BATCH_SEQ)
+    to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+
+
 def _dequantize_per_tensor(x: torch.Tensor) -> torch.Tensor:
     """Stands in for an edge dequantize: the clone pass knows q/dq ops by their name."""
     return x * 1.0

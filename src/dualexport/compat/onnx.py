@@ -12,7 +12,7 @@ from typing import Any
 
 from . import Seam
 
-__all__ = ["SEAMS", "default_rewrite_rules", "fold_constants_pass", "fuse_batchnorm_rules"]
+__all__ = ["SEAMS", "default_rewrite_rules", "fold_constants_pass", "fuse_batchnorm_rules", "no_op_rules"]
 
 SEAMS: tuple[Seam, ...] = (
     Seam(
@@ -24,6 +24,11 @@ SEAMS: tuple[Seam, ...] = (
         "onnxscript.rewriter.rules.common._fuse_batchnorm.rules",
         "rules taken out of the default set",
         "fuse_batchnorm_rules",
+    ),
+    Seam(
+        "onnxscript.rewriter.rules.common._no_op.rules",
+        "rules replaced by exact ones",
+        "no_op_rules",
     ),
     Seam(
         "onnxscript.optimizer._constant_folding.FoldConstantsPass",
@@ -48,6 +53,15 @@ def default_rewrite_rules() -> tuple[Any, ...]:
     from onnxscript import rewriter
 
     return tuple(rewriter._DEFAULT_REWRITE_RULES)
+
+
+def no_op_rules() -> tuple[Any, ...]:
+    """onnxscript's rules that drop ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0`` and
+    ``x / 1`` (the first six of its no-op set; the dropout rules follow). Their constants match
+    within ``abs_tol=1e-8, rel_tol=1e-5``: ``x + 1e-8`` (an RMSNorm's epsilon) is dropped."""
+    from onnxscript.rewriter.rules.common import _no_op
+
+    return tuple(_no_op.rules.rules[:6])
 
 
 def fuse_batchnorm_rules() -> tuple[Any, ...]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compat.onnx import default_rewrite_rules, fold_constants_pass, fuse_batchnorm_rules
+from ..compat.onnx import default_rewrite_rules, fold_constants_pass, fuse_batchnorm_rules, no_op_rules
 
 __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sources"]
 
@@ -34,7 +34,7 @@ __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sourc
 ORT_PIPELINE: tuple[str, ...] = (
     "onnx:inline",
     "onnx:fold_constants",
-    "onnx:rewrite_rules(no batchnorm fusion, rsqrt product as division)",
+    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division)",
     "onnx:remove_unused",
     "onnx:lift_constants",
     "onnx:deduplicate_initializers",
@@ -57,9 +57,53 @@ def _rsqrt_product_as_division() -> Any:
     )
 
 
+#: (op, identity element, the constant's side) of each identity rule
+_IDENTITIES: tuple[tuple[str, float, int], ...] = (
+    ("Mul", 1.0, 1),
+    ("Mul", 1.0, 0),
+    ("Add", 0.0, 1),
+    ("Add", 0.0, 0),
+    ("Sub", 0.0, 1),
+    ("Div", 1.0, 1),
+)
+
+
+def _exact_identities() -> tuple[Any, ...]:
+    """``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``, ``x / 1`` -> ``x``, in place of
+    onnxscript's rules, which match their constant within 1e-8 (``variance + 1e-8``, Helium's
+    RMSNorm epsilon, lost its epsilon: rsqrt(0) on a zero row, NaN logits). Here the constant must
+    be a scalar exactly the identity (so it cannot broadcast or change the dtype), and not a weight:
+    a scalar gain initialized to 1.0 is a parameter a weights-only patch may change."""
+    import numpy as np
+    from onnxscript.rewriter import pattern
+
+    def rule(op_type: str, identity: float, side: int) -> Any:
+        def target(op: Any, x: Any, c: Any) -> Any:
+            return getattr(op, op_type)(*((x, c) if side == 1 else (c, x)))
+
+        def replacement(op: Any, x: Any, c: Any) -> Any:
+            return op.Identity(x)
+
+        def condition(context: Any, x: Any, c: Any) -> bool:
+            value = c.const_value
+            if value is None or c.is_initializer() or c.is_graph_input():
+                return False
+            arr = value.numpy()
+            return bool(arr.ndim == 0 and x.dtype == c.dtype and np.all(arr == identity))
+
+        name = f"Exact{op_type}Identity{'Right' if side == 1 else 'Left'}"
+        return pattern.RewriteRule(target, replacement, condition, name=name)
+
+    return tuple(rule(*spec) for spec in _IDENTITIES)
+
+
 def _rules() -> Any:
-    banned = {id(r) for r in fuse_batchnorm_rules()}
-    return (*(r for r in default_rewrite_rules() if id(r) not in banned), *_rsqrt_product_as_division().rules)
+    banned = {id(r) for r in (*fuse_batchnorm_rules(), *no_op_rules())}
+    return (
+        *(r for r in default_rewrite_rules() if id(r) not in banned),
+        *_exact_identities(),
+        *_rsqrt_product_as_division().rules,
+    )
 
 
 def _keep_quantization(node: Any) -> bool | None:

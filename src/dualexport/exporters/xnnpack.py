@@ -28,10 +28,11 @@ from ..shared_state.contract import (
 )
 from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
+from ..shared_state.passes.graph_edit import drop_dead_constants
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
-from .xnnpack_fixes import own_dicts, xnnpack_workarounds
+from .xnnpack_fixes import own_dicts, partitioner_configs, xnnpack_workarounds
 from .xnnpack_partitions import VIEW_OF
 from .xnnpack_rewrites import pipeline_names, rewrite_table, run_pipeline
 
@@ -168,7 +169,7 @@ def _quantization_note(node: torch.fx.Node, users: list[torch.fx.Node]) -> str |
 def _xnnpack_partitioner():
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    return XnnpackPartitioner()
+    return XnnpackPartitioner(configs=partitioner_configs())
 
 
 def _edge_passes(options: ExportOptions) -> list[Any]:
@@ -294,6 +295,10 @@ class XnnpackExporter:
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "lowering (to_edge_transform_and_lower)") from exc
         lowered = edge.exported_program()
+        # A constant the edge passes left without a reader (``cat([torch.tensor([]), x])`` loses
+        # its empty operand) is still serialized; a 0-byte one makes ExecuTorch 1.4.1 refuse the
+        # file (tensor parser error 0x23 at load). Nothing reads it: drop it.
+        drop_dead_constants(lowered)
         delegation = DelegationReport.from_graph_module(lowered.graph_module)
         # ExecuTorch memory-plans mutable buffers and leaves them uninitialized unless told
         # otherwise: a counter or cache that starts non-zero would silently start from garbage.

@@ -18,6 +18,12 @@ files.
   backend pass that wrote into a shared weight would change the holder's tensor, which the pin
   around the job refuses (ProgramMutatedError); the files are byte-identical either way
   (tests/test_memory_release.py).
+* ``UnsqueezeCopyConfig`` takes a trailing unsqueeze whatever its shape, but the node visitor
+  writes it as a static reshape, which takes one dynamic dim: with a dynamic batch and sequence
+  (RoFormer's interleaved rotary ``stack([-x[..., 1::2], x[..., ::2]], -1)``) the lowering died
+  with "XNNPACK reshape only supports 1 dynamic dimension", plain ExecuTorch as well.
+  ``partitioner_configs`` carries the visitor's condition into the partitioner: such an
+  unsqueeze stays outside the delegate.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 from ..compat.executorch import backend_api_module, batch_norm_pass_modules
 from ..compat.torch import set_weight_dicts, weight_dicts
 
-__all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights", "own_dicts"]
+__all__ = ["xnnpack_workarounds", "deepcopy_sharing_weights", "own_dicts", "partitioner_configs"]
 
 _NAME = "create_constant_placeholder"
 _LOCK = threading.Lock()
@@ -110,3 +116,20 @@ def own_dicts(program: Any) -> Iterator[None]:
         yield
     finally:
         set_weight_dicts(program, state_dict, constants)
+
+
+def partitioner_configs() -> list[Any]:
+    """ExecuTorch's XNNPACK partitioner configs, the unsqueeze one refusing what its node visitor
+    cannot write (an output with more than one dynamic dim)."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import UnsqueezeCopyConfig
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    class UnsqueezeWithinReshapeLimits(UnsqueezeCopyConfig):
+        def check_constraints(self, node: Any, ep: Any) -> bool:
+            val = node.meta.get("val")
+            if val is not None and sum(bool(free_symbols(d)) for d in val.shape) > 1:
+                return False
+            return bool(super().check_constraints(node, ep))
+
+    return [UnsqueezeWithinReshapeLimits if c is UnsqueezeCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]

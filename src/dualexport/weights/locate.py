@@ -160,6 +160,10 @@ def _not_found(entry: WeightEntry, notes: Mapping[str, str], target: str) -> Wei
     for n in entry.names:
         if n in notes:
             return WeightLocation(status="not_stored", reason=notes[n], checked=PARITY_CHECK)
+    if entry.nbytes == 0:  # XLM's torch.tensor([]) constants: no bytes to carry, none to patch
+        return WeightLocation(
+            status="not_stored", reason="holds no values (0 elements): nothing to store", checked=PARITY_CHECK
+        )
     return WeightLocation(
         status="missing",
         reason=f"used by the {target} program but not found bit for bit in the artifact, and no "
