@@ -9,6 +9,7 @@ are fully masked: DeBERTa's fill is ``finfo.min``, so such a row is uniform in e
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import pytest
@@ -141,3 +142,94 @@ def test_minus_inf_is_not_read_as_sdpa() -> None:
     its ``bmm`` form (the sum of the static rewrite is exact for it: ``s - inf`` is ``-inf``)."""
     program = _xnnpack_program(BmmEncoder(fill=float("-inf")).eval(), dynamic=True)
     assert [n.target for n in program.graph.nodes].count(aten.bmm.default) == 4
+
+
+class MatmulEncoder(nn.Module):
+    """Attention on ``[B, H, L, E]`` heads with ``torch.matmul`` (transformers' eager attention:
+    BERT, RemBERT, DistilBERT...): ``matmul(q, k^T) * scale + mask``, softmax, ``matmul(p, v)``.
+    ``split_scale``: queries and keys each divided by ``E ** 0.25`` first (Nystromformer);
+    ``fill``: the additive mask's value for a hidden key."""
+
+    def __init__(self, fill: float | None = None, split_scale: bool = False) -> None:
+        super().__init__()
+        self.fill, self.split_scale = fill, split_scale
+        self.qkv = nn.ModuleList(nn.Linear(32, 96) for _ in range(2))
+        self.o = nn.ModuleList(nn.Linear(32, 32) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        fill = torch.finfo(x.dtype).min if self.fill is None else self.fill
+        hidden = (~attention_mask.bool())[:, None, None, :].to(x.dtype)  # 1 where a key is hidden
+        add = hidden * fill if math.isfinite(fill) else hidden.masked_fill(hidden.bool(), fill)
+        for qkv, o in zip(self.qkv, self.o, strict=True):
+            q, k, v = (t.view(b, s, 4, 8).transpose(1, 2) for t in qkv(x).split(32, dim=-1))
+            if self.split_scale:
+                q, k = q / 8**0.25, k / 8**0.25
+                scores = torch.matmul(q, k.transpose(-1, -2))
+            else:
+                scores = torch.matmul(q, k.transpose(-1, -2)) * 8**-0.5
+            probs = torch.softmax(scores + add, dim=-1)
+            x = x + o(torch.matmul(probs, v).transpose(1, 2).contiguous().view(b, s, 32))
+        return x
+
+
+def _products(program: torch.export.ExportedProgram) -> int:
+    return sum(n.target in (aten.bmm.default, aten.matmul.default) for n in program.graph.nodes)
+
+
+@pytest.mark.parametrize("split_scale", [False, True], ids=["scaled-scores", "scaled-q-and-k"])
+def test_eager_matmul_attention_with_batch_and_seq_is_one_delegate(
+    split_scale: bool, tmp_path: pathlib.Path
+) -> None:
+    """Before: the 4-D ``matmul`` form decomposed to ``view([B * H, L, E])`` per operand, two
+    symbolic sizes each: a tiny eager BERT with batch and sequence dynamic gave 13 subgraphs
+    (73%). Read as SDPA (the additive ``finfo.min`` mask is bounded: no row can be ``-inf``)
+    and split per head, it is one delegate; both files agree with eager on a padded batch with
+    a sequence that is all padding."""
+    torch.manual_seed(0)
+    model = MatmulEncoder(split_scale=split_scale).eval()
+    x, mask = _padded()
+    res = dx.export(model, (x, mask), out_dir=tmp_path, name="m", cache=False, dynamic_shapes=_SPEC)
+    assert not res.errors, {t: str(e) for t, e in res.errors.items()}
+    d = res.artifacts["xnnpack"].delegation
+    assert d.subgraphs == 1, d.to_markdown()
+    assert d.by_op.get("aten_view_copy_default", (0, 0))[1] <= 1, d.to_markdown()  # the mask's own
+    assert not {"aten_bmm_default", "aten__softmax_default"} & {op for op, (_, n) in d.by_op.items() if n}
+    report = dx.compare(res, generate=2, edges=False)
+    assert report.ok, report.to_markdown()
+    with torch.no_grad():
+        assert float(model(x, mask)[2].std()) > 1e-2  # the all-padding sequence is not flat
+
+
+def test_an_unbounded_additive_mask_keeps_the_matmul_form() -> None:
+    """A ``-inf`` additive mask can hide a whole row (eager: NaN, SDPA: zeros): not read as SDPA;
+    the same graph with ``finfo.min`` is (so the check cannot pass vacuously)."""
+    minus_inf = _xnnpack_program(MatmulEncoder(fill=float("-inf")).eval(), dynamic=True)
+    bounded = _xnnpack_program(MatmulEncoder().eval(), dynamic=True)
+    assert _products(minus_inf) == 4  # two per layer, as written
+    assert _products(bounded) == 16  # per head: 4 heads x 2 per layer
+
+
+@pytest.mark.slow
+def test_transformers_bert_with_eager_attention_and_dynamic_batch_and_seq(tmp_path: pathlib.Path) -> None:
+    """The case as users build it: ``BertModel`` with ``attn_implementation="eager"``."""
+    import transformers
+
+    from dualexport.loading import HFWrapper
+
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = HFWrapper(transformers.BertModel(cfg).eval(), ("input_ids", "attention_mask"), 1).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    res = dx.export(
+        model, (ids, mask), out_dir=tmp_path, name="m", cache=False, dynamic_shapes={"inputs": _SPEC}
+    )
+    assert not res.errors, {t: str(e) for t, e in res.errors.items()}
+    d = res.artifacts["xnnpack"].delegation
+    assert d.subgraphs == 1, d.to_markdown()
+    assert dx.compare(res).ok

@@ -87,8 +87,8 @@ def _finite_scalar(value: Any) -> bool:
 
 def _bounds(program: ExportedProgram, node: Any, depth: int = 0) -> tuple[float, float] | None:
     """Bounds (in exact arithmetic) of every value ``node`` can take, from a few op rules: a
-    bool or integer tensor cast to float, ``where`` between scalars, and ``add``/``sub``/``mul``
-    of bounded values. None: not known to be bounded."""
+    bool or integer tensor cast to float, ``where`` between bounded values, a scalar tensor, and
+    ``add``/``sub``/``mul`` of bounded values. None: not known to be bounded."""
     if _finite_scalar(node):
         return float(node), float(node)
     if not isinstance(node, torch.fx.Node) or depth > 16:
@@ -118,6 +118,12 @@ def _bounds(program: ExportedProgram, node: Any, depth: int = 0) -> tuple[float,
         return _bounds(program, args[0], depth + 1)
     if target is aten.where.Scalar and _finite_scalar(args[1]) and _finite_scalar(args[2]):
         return min(args[1], args[2]), max(args[1], args[2])
+    if target is aten.scalar_tensor.default and _finite_scalar(args[0]):
+        return float(args[0]), float(args[0])
+    if target in (aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf) and len(args) == 3:
+        # transformers' eager mask: where(m, 0, finfo.min)
+        a, b = _bounds(program, args[1], depth + 1), _bounds(program, args[2], depth + 1)
+        return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if target in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor) and len(args) == 2:
         if node.kwargs.get("alpha", 1) != 1:
             return None
