@@ -84,3 +84,16 @@ def flip_byte(path: pathlib.Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x10
     path.write_bytes(bytes(data))
+
+
+def assert_every_read_weight_exact(res: dx.ExportResult, target: str = "xnnpack") -> None:
+    """Every copy ``target``'s file holds is exact, and what it leaves out is only a constant its
+    own program never reads (the folded mask and positions XNNPACK's attention form does not
+    take, dropped before serializing): no weight lost, no dead bytes in the file."""
+    check = res.verify_weights()  # raises on any copy that differs
+    assert check.exact[target] + check.not_stored[target] == check.entries, check
+    for entry in res.manifest.entries:
+        for loc in entry.copies[target]:
+            if loc.status != "exact":
+                assert loc.status == "not_stored", (entry.name, loc)
+                assert entry.kind == "constant" and "unused" in (loc.reason or ""), (entry.name, loc)

@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dualexport as dx
 from dualexport.shared_state.hf_trace import EXPORTED_EXPERTS, exportable_experts, no_cache_output
+from helpers_copies import assert_every_read_weight_exact
 
 VOCAB = 100
 TINY = dict(
@@ -96,14 +97,8 @@ def test_moe_decoder_exports_to_both_targets_with_parity_and_weights(
     report = dx.compare(res)
     assert report.ok, report
 
-    check = res.verify_weights()  # raises on any copy that differs
-    assert check.exact["xnnpack"] + check.not_stored["xnnpack"] == check.entries
-    # what the .pte leaves out is only what its own program never reads (the folded mask and
-    # positions XNNPACK's attention form no longer takes): no dead bytes in the file, no weight lost
-    for entry in res.manifest.entries:
-        for loc in entry.copies["xnnpack"]:
-            if loc.status == "not_stored":
-                assert entry.kind == "constant" and "unused" in (loc.reason or ""), (entry.name, loc)
+    assert_every_read_weight_exact(res, "xnnpack")
+    check = res.verify_weights()
     assert check.exact["onnx"] + check.transformed["onnx"] + check.not_stored["onnx"] == check.entries
     # every expert's stacked weight is an entry with a copy in each file
     experts = [e for e in res.manifest.entries if any(".experts." in n for n in e.names)]
