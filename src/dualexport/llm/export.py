@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import DualExportError, InputError
+from ..errors import CaptureError, DualExportError, InputError
 from ..exporters import ExportOptions
 
 __all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
@@ -79,7 +79,7 @@ def export_llm(
     """
     from .. import api
     from .attention import exported_attention
-    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
+    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout, takes_attention_mask
 
     model, label = _resolve_model(model)
     scheme = _checked_scheme(quantize, optimize)
@@ -96,18 +96,35 @@ def export_llm(
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
             _dry_run(wrapper, args, label or type(model).__name__)
-            return api.export(
-                wrapper,
-                args,
-                target=target,
-                out_dir=out_dir,
-                name=name,
-                dynamic_shapes=dynamic_shapes(layout),
-                transforms=transforms,
-                strict=strict,
-                optimize=optimize,
-                options=opts,
-            )
+
+            def run(wrapped: nn.Module) -> Any:
+                return api.export(
+                    wrapped,
+                    args,
+                    target=target,
+                    out_dir=out_dir,
+                    name=name,
+                    dynamic_shapes=dynamic_shapes(layout),
+                    transforms=transforms,
+                    strict=strict,
+                    optimize=optimize,
+                    options=opts,
+                )
+
+            try:
+                return run(wrapper)
+            except CaptureError as exc:
+                if "data-dependent" not in str(exc) or not takes_attention_mask(model):
+                    raise
+                # a decoder that sizes its own default mask by the past length (a traced value):
+                # the same trace with the mask given, all ones over the cache (no padding)
+                logger.info("capture needs a static attention mask (%s); retrying with one", str(exc)[:200])
+                masked = DecoderWithCache(model, layout.sliding, wrapper.scatter, padding_mask=True).eval()
+                _dry_run(masked, args, label or type(model).__name__)
+                try:
+                    return run(masked)
+                except CaptureError:
+                    raise exc from None
     finally:
         model.train(was_training)
 

@@ -22,6 +22,11 @@ from .layout import LlmLayout
 __all__ = ["DecoderWithCache", "probe_layout", "example_inputs", "dynamic_shapes", "sliding_layers"]
 
 
+def takes_attention_mask(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes an ``attention_mask`` (by name or through ``**kwargs``)."""
+    return "attention_mask" in _accepted_kwargs(model, {"attention_mask": None})
+
+
 def _accepted_kwargs(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments ``model.forward`` takes (all of them when it takes ``**kwargs``):
     a user's module need not declare ``use_cache``. The cache goes by the name the forward
@@ -72,13 +77,20 @@ def sliding_layers(model: nn.Module, layers: int) -> tuple[bool, ...]:
 class DecoderWithCache(nn.Module):
     """Drives ``model``'s own forward with an :class:`~dualexport.llm.cache.ExplicitCache` over the
     given tensors, and returns the logits and the updated cache. Changes nothing in ``model``.
-    ``scatter``: how the cache is written (``"dense"``, or ``"index_copy"`` as the plain design)."""
+    ``scatter``: how the cache is written (``"dense"``, or ``"index_copy"`` as the plain design).
+    ``padding_mask``: also pass ``attention_mask``, all ones over the cache's length (no padding),
+    for a decoder that otherwise builds its own from ``past length + S`` (BioGPT:
+    ``torch.ones(batch, past + S)`` with the past length a traced value, a size torch.export
+    cannot capture); a static shape, the same mask."""
 
-    def __init__(self, model: nn.Module, sliding: Sequence[bool], scatter: str = "dense") -> None:
+    def __init__(
+        self, model: nn.Module, sliding: Sequence[bool], scatter: str = "dense", padding_mask: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.sliding = tuple(bool(s) for s in sliding)
         self.scatter = scatter
+        self.padding_mask = padding_mask
 
     def forward(
         self,
@@ -93,9 +105,10 @@ class DecoderWithCache(nn.Module):
         cache = ExplicitCache(
             past_k, past_v, cache_position, self.sliding, scatter=self.scatter, position_ids=position_ids
         )
-        kwargs = _accepted_kwargs(
-            self.model, {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
-        )
+        given: dict[str, Any] = {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
+        if self.padding_mask:
+            given["attention_mask"] = torch.ones(1, past_k.shape[3], dtype=torch.long)
+        kwargs = _accepted_kwargs(self.model, given)
         with cache.active():
             logits = _logits(self.model(input_ids=input_ids, **kwargs))
         present_k, present_v = cache.present()
