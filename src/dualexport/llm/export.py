@@ -79,7 +79,7 @@ def export_llm(
     """
     from .. import api
     from .attention import exported_attention
-    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout, takes_attention_mask
+    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
 
     model, label = _resolve_model(model)
     scheme = _checked_scheme(quantize, optimize)
@@ -111,22 +111,31 @@ def export_llm(
                     options=opts,
                 )
 
-            try:
-                return run(wrapper)
-            except CaptureError as exc:
-                if "data-dependent" not in str(exc) or not takes_attention_mask(model):
-                    raise
-                # a decoder that sizes its own default mask by the past length (a traced value):
-                # the same trace with the mask given, all ones over the cache (no padding)
-                logger.info("capture needs a static attention mask (%s); retrying with one", str(exc)[:200])
-                masked = DecoderWithCache(model, layout.sliding, wrapper.scatter, padding_mask=True).eval()
-                _dry_run(masked, args, label or type(model).__name__)
-                try:
-                    return run(masked)
-                except CaptureError:
-                    raise exc from None
+            return _run_with_mask_retry(run, wrapper, model, args, label or type(model).__name__)
     finally:
         model.train(was_training)
+
+
+def _run_with_mask_retry(
+    run: Any, wrapper: Any, model: nn.Module, args: tuple[torch.Tensor, ...], label: str
+) -> Any:
+    """Export the wrapper; a decoder that sizes its own default mask by the past length (a traced
+    value: torch.export cannot guard on it) is traced again with the mask given, all ones over the
+    cache (no padding, the same meaning). The first error is the one reported if that fails too."""
+    from .wrapper import DecoderWithCache, takes_attention_mask
+
+    try:
+        return run(wrapper)
+    except CaptureError as exc:
+        if "data-dependent" not in str(exc) or not takes_attention_mask(model):
+            raise
+        logger.info("capture needs a static attention mask (%s); retrying with one", str(exc)[:200])
+        masked = DecoderWithCache(model, wrapper.sliding, wrapper.scatter, padding_mask=True).eval()
+        _dry_run(masked, args, label)
+        try:
+            return run(masked)
+        except CaptureError:
+            raise exc from None
 
 
 def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> None:
