@@ -154,3 +154,66 @@ def test_the_guard_in_xnnpack_ops_gives_the_same_values(rank: int) -> None:
     additive, factor = rows.module()(longer)
     assert torch.equal(factor, Guard()(longer)[1])
     assert torch.isfinite(additive).all()
+
+
+class PaddedBiasEncoder(nn.Module):
+    """T5's form served with a dynamic batch *and* sequence: a learned per-head bias ``[1, H, S, S]``
+    where a key is real, ``-inf`` where it is padding, so an all-padding sequence has every query
+    row fully masked (eager: zeros), and the key length is dynamic (no fixed-size max pooling)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2, max_seq: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.k = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.v = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.out = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+        self.bias = nn.Parameter(torch.randn(1, heads, max_seq, max_seq))
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        keep = attention_mask.bool()[:, None, None, :]
+        mask = torch.where(keep, self.bias[:, :, :s, :s], float("-inf"))
+        for q, k, v, out in zip(self.q, self.k, self.v, self.out, strict=True):
+            heads = [t(x).view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v)]
+            y = F.scaled_dot_product_attention(*heads, attn_mask=mask)
+            x = x + out(y.transpose(1, 2).reshape(b, s, d))
+        return x
+
+
+def test_a_dynamic_key_length_guard_is_delegated_with_eager_zeros(tmp_path: pathlib.Path) -> None:
+    """With the key length dynamic, the per-head form (``xnnpack_heads._row_guard``) writes the
+    guard as clamp and a count of visible keys (a bmm against ones): no ``ne``/``any``/``where``
+    of the guard and no select of its row factor outside XNNPACK; an all-padding sequence gives
+    eager's zeros (each layer adds only its output bias), a partly padded one eager's values."""
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model = PaddedBiasEncoder().eval()
+    x = torch.randn(3, 7, 32)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[2, :] = 0  # all padding: every row fully masked
+    batch, seq = Dim("batch", min=1, max=6), Dim("seq", min=2, max=16)
+    spec = ({0: batch, 1: seq}, {0: batch, 1: seq})
+    res = dx.export(
+        model, (x, mask), out_dir=tmp_path, name="m", target="xnnpack", cache=False, dynamic_shapes=spec
+    )
+    assert res.ok, dict(res.errors)  # proved against the shared program at min, max-1 and max
+    d = res.artifacts["xnnpack"].delegation
+    assert d is not None and d.subgraphs <= 2, d.to_markdown()
+    outside = {op: n for op, (_, n) in d.by_op.items() if n}
+    assert not [op for op in outside if "any" in op or "ne_scalar" in op], d.to_markdown()
+    assert outside.get("aten_where_self", 0) <= 1, d.to_markdown()  # the model's own where
+    # per head: the mask's selects, not the row factor's
+    assert outside.get("aten_select_copy_int", 0) <= model.heads, d.to_markdown()
+    with torch.no_grad():
+        expected = model(x, mask)
+    assert float(expected[0].std()) > 1e-2
+    want_padded = x[2] + sum(o.bias for o in model.out)
+    assert torch.allclose(expected[2], want_padded.expand_as(expected[2]), atol=1e-5)
+    program = Runtime.get().load_program(str(res.artifacts["xnnpack"].path))
+    (got,) = program.load_method("forward").execute([x, mask])
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), (got - expected).abs().max()
+    res.verify_weights()

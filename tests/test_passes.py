@@ -85,6 +85,8 @@ def test_static_encoder_is_one_subgraph_and_onnx_keeps_layer_norm(tmp_path: path
         "UniformLookup",
         "IndexAsView",
         "FoldSymbolic",
+        "SlicedConstants",
+        "BroadcastOperands",
         "ExplicitMaskedRows",
         "FoldSymbolic",
     ]

@@ -42,11 +42,13 @@ from ..shared_state.passes.graph_edit import (
     call,
     fake_mode_of,
     finish_edit,
+    lift_constant,
     same_size,
     shape_of,
 )
 from .xnnpack_attention import copy_program, mask_layout, plan_attention
 from .xnnpack_head_inputs import Operand, operand, rotary_table, strip, swaps_1_2
+from .xnnpack_masked_rows import GUARD_CASTS, GUARD_WHERES, guarded_mask
 
 __all__ = ["XnnpackHeadAttention", "HEADS_TABLE"]
 
@@ -267,6 +269,51 @@ def _operands(program: ExportedProgram, node: torch.fx.Node) -> tuple[Operand, O
     return oq, ok, ov
 
 
+def _guarded(
+    program: ExportedProgram, mask: torch.fx.Node, factor: torch.fx.Node | None
+) -> torch.fx.Node | None:
+    """``m`` when the call's mask is the shared program's guard ``where(visible, m, 0)`` and its
+    row factor ``visible`` as a float, ``visible = any(m != -inf, -1, keepdim)`` (a float mask it
+    could not prove finite, e.g. T5's position bias): the per-head form then computes both from
+    ``m`` in ops XNNPACK takes with a dynamic key length (:func:`_row_guard`)."""
+    if factor is None or mask.target not in GUARD_WHERES or factor.target not in GUARD_CASTS:
+        return None
+    visible = mask.args[0]
+    if not isinstance(visible, torch.fx.Node) or factor.args[0] is not visible:
+        return None
+    m = guarded_mask(program, visible, static_keys=False)
+    return m if m is not None and mask.args[1] is m else None
+
+
+def _row_guard(
+    program: ExportedProgram, add: Inserter, heads: list[torch.fx.Node], keys: torch.fx.Node
+) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """Per head ``m_h`` ``[B, L, S]``: the additive mask ``clamp(m_h, min=lo)`` and the row factor
+    ``clamp(e_h @ ones, 0, 1)``, with ``e_h = clamp(m_h - clamp(m_h, min=lo), min=-1) + 1`` (1 where
+    a key is visible, 0 where it is ``-inf``) and ``ones`` ``[B, S, 1]`` a linear of the keys
+    with a zero weight and a bias of 1. A visible row's softmax is unchanged bit for bit (a ``lo``
+    key gives ``exp(..) == 0`` as a ``-inf`` one does); the count of visible keys is an exact
+    integer, so the factor is exactly 1 or 0. Max pooling (``MaskedRowsAsMax``) would need the
+    key length static; ``ne``/``any``/``where``/bool casts and a per-head ``select`` of the factor
+    stay outside XNNPACK: these ops all take dynamic sizes (keys with an inf give NaN scores
+    anyway)."""
+    dtype = keys.meta["val"].dtype
+    lowest = torch.finfo(dtype).min
+    width = shape_of(keys)[-1]  # type: ignore[index]
+    zeros = lift_constant(program, torch.zeros(1, width, dtype=dtype), prefix="_xnnpack_row_count")
+    one = lift_constant(program, torch.ones(1, dtype=dtype), prefix="_xnnpack_row_count")
+    ones = add(aten.linear.default, (keys, zeros, one))
+    masks, factors = [], []
+    for m_h in heads:
+        clamped = add(aten.clamp.default, (m_h, lowest))
+        hidden = add(aten.clamp.default, (add(aten.sub.Tensor, (m_h, clamped)), -1.0))
+        seen = add(aten.add.Tensor, (hidden, 1.0))
+        count = add(aten.bmm.default, (seen, ones))
+        masks.append(clamped)
+        factors.append(add(aten.clamp.default, (count, 0.0, 1.0)))
+    return masks, factors
+
+
 class XnnpackHeadAttention(ProgramPass):
     """SDPA calls with a dynamic batch and sequence, as per-head attention on ``[B, L, E]``
     tensors (a new program: the shared program is never edited)."""
@@ -300,6 +347,7 @@ class XnnpackHeadAttention(ProgramPass):
             return layouts[node]
 
         tables: dict[torch.fx.Node, torch.fx.Node] = {}
+        guards: dict[torch.fx.Node, tuple[list[torch.fx.Node], list[torch.fx.Node]]] = {}
 
         def table(node: torch.fx.Node) -> torch.fx.Node:
             """A rotary ``cos`` or ``sin`` ``[b, 1, L, E]`` as ``[b, L, E]``, once."""
@@ -314,8 +362,15 @@ class XnnpackHeadAttention(ProgramPass):
             operands = _operands(new, node)
             assert plan is not None and merge is not None and operands is not None  # as in rewritable
             oq, ok, ov = operands
-            masks = per_head(plan.mask) if plan.mask is not None else []
-            factors = per_head(merge.factor) if merge.factor is not None else []
+            guarded = _guarded(new, plan.mask, merge.factor) if plan.mask is not None else None
+            if guarded is not None and same_size(shape_of(guarded)[0], shape_of(ok.source)[0]):  # type: ignore[index]
+                if guarded not in guards:  # once per mask, before its first call
+                    add = Inserter(graph, merge.merged.prev, fake_mode)
+                    guards[guarded] = _row_guard(new, add, per_head(guarded), ok.source)
+                masks, factors = guards[guarded]
+            else:
+                masks = per_head(plan.mask) if plan.mask is not None else []
+                factors = per_head(merge.factor) if merge.factor is not None else []
             cos, sin = (table(t) for t in oq.rotary) if oq.rotary else (None, None)
             dims = [oq.dim, ov.dim, oq.offset, ok.offset, ov.offset]
             scale = plan.scale * oq.scale * ok.scale  # factors of the scores: they commute

@@ -32,18 +32,20 @@ from torch.export import ExportedProgram
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.graph_edit import Inserter, constant_value, fake_mode_of, finish_edit
 
-__all__ = ["MaskedRowsAsMax"]
+__all__ = ["MaskedRowsAsMax", "guarded_mask", "GUARD_WHERES", "GUARD_CASTS"]
 
 aten = torch.ops.aten
-_CASTS = (aten._to_copy.default, aten.to.dtype)
-_WHERES = (aten.where.self, aten.where.ScalarOther)
+_CASTS = GUARD_CASTS = (aten._to_copy.default, aten.to.dtype)
+_WHERES = GUARD_WHERES = (aten.where.self, aten.where.ScalarOther)
 _ASSERT = aten._assert_tensor_metadata.default
 
 
-def _guarded_mask(program: ExportedProgram, visible: torch.fx.Node) -> torch.fx.Node | None:
-    """``m`` when ``visible`` is ``any(m != -inf, -1, keepdim=True)`` on a float ``m`` whose keys'
-    size is static and whose every other reader of ``visible`` is the guard's ``where`` (to 0)
-    or a float cast."""
+def guarded_mask(
+    program: ExportedProgram, visible: torch.fx.Node, *, static_keys: bool = True
+) -> torch.fx.Node | None:
+    """``m`` when ``visible`` is ``any(m != -inf, -1, keepdim=True)`` on a float ``m`` (whose keys'
+    size is static, with ``static_keys``) and whose every other reader of ``visible`` is the
+    guard's ``where`` (to 0) or a float cast."""
     if visible.target is not aten.any.dim or len(visible.args) < 3 or visible.args[2] is not True:
         return None
     finite = visible.args[0]
@@ -55,9 +57,11 @@ def _guarded_mask(program: ExportedProgram, visible: torch.fx.Node) -> torch.fx.
     val = mask.meta.get("val")
     if not isinstance(val, torch.Tensor) or not val.is_floating_point() or val.dim() not in (3, 4):
         return None
-    if visible.args[1] not in (-1, val.dim() - 1) or not isinstance(val.shape[-1], int):
+    if visible.args[1] not in (-1, val.dim() - 1):
         return None
-    if val.dim() == 3 and sum(not isinstance(s, int) for s in val.shape) > 1:
+    if static_keys and not isinstance(val.shape[-1], int):
+        return None
+    if static_keys and val.dim() == 3 and sum(not isinstance(s, int) for s in val.shape) > 1:
         return None  # viewed as 4-D: one dynamic size at most (written -1)
     for user in visible.users:
         if user.target is _ASSERT or (user.target in _CASTS and user.meta["val"].dtype == val.dtype):
@@ -93,7 +97,7 @@ class MaskedRowsAsMax(ProgramPass):
         fake_mode = fake_mode_of(program)
         changed = False
         for visible in list(program.graph.nodes):
-            mask = _guarded_mask(program, visible) if visible.op == "call_function" else None
+            mask = guarded_mask(program, visible) if visible.op == "call_function" else None
             if mask is None:
                 continue
             self._rewrite(visible, mask, fake_mode)

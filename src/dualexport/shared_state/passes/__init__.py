@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .attention import ExplicitMaskedRows
 from .base import PassContractError, PassRecord, PassResult, ProgramPass
+from .broadcasts import BroadcastOperands, SlicedConstants
 from .canonical import (
     CANONICALIZATIONS,
     ContiguousAsCopy,
@@ -32,6 +33,8 @@ AFTER_FOLDING: tuple[ProgramPass, ...] = (
     UniformLookup(),
     IndexAsView(),
     FoldSymbolic(),
+    SlicedConstants(),
+    BroadcastOperands(),
     ExplicitMaskedRows(),
     FoldSymbolic(),
 )
@@ -52,6 +55,8 @@ __all__ = [
     "SqueezeOnlyUnitDims",
     "IntegerIdentities",
     "UniformLookup",
+    "SlicedConstants",
+    "BroadcastOperands",
     "AFTER_FOLDING",
     "ExplicitMaskedRows",
     # folding

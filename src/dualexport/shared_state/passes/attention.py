@@ -39,6 +39,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
+from .broadcasts import all_true
 from .fold import FOLD_MAX_BYTES
 from .graph_edit import (
     Inserter,
@@ -331,40 +332,18 @@ def _cast_before_views(add: Inserter, mask: torch.fx.Node, dtype: torch.dtype) -
     return out
 
 
-#: ops whose output holds only values of their first input (an all-True input stays all True)
-_SELECTIONS = (
-    aten.slice.Tensor,
-    aten.select.int,
-    aten.expand.default,
-    aten.unsqueeze.default,
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.alias.default,
-)
-
-
-def _all_true(program: ExportedProgram, node: Any) -> bool:
-    """Whether ``node`` is a boolean constant that is all True, or a slice or view of one (a
-    dynamic sequence keeps transformers' folded query-side mask ``[1, 1, max, 1]`` as a slice)."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _SELECTIONS:
-        node = node.args[0]
-    value = constant_value(program, node)
-    return value is not None and value.dtype == torch.bool and bool(value.all())
-
-
 def _broadcast_source(program: ExportedProgram, mask: torch.fx.Node) -> torch.fx.Node:
     """The value ``mask`` broadcasts, when it is only a broadcast of one (SDPA broadcasts its mask
-    itself): ``expand(x)``, or ``x & c`` / ``c & x`` with ``c`` all True (:func:`_all_true`)."""
+    itself): ``expand(x)``, or ``x & c`` / ``c & x`` with ``c`` all True (:func:`~.broadcasts.all_true`)."""
     while mask.op == "call_function":
         src: Any
         if mask.target is aten.expand.default:
             src = mask.args[0]
         elif mask.target in (aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default):
             a, b = mask.args[:2]
-            if _all_true(program, a):
+            if all_true(program, a):
                 src = b
-            elif _all_true(program, b):
+            elif all_true(program, b):
                 src = a
             else:
                 return mask
