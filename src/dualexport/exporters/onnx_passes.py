@@ -11,7 +11,9 @@ loads, so no speed is lost. One rule is added: ``x * Reciprocal(Sqrt(a))`` (how 
 ``x * torch.rsqrt(a)``, the RMSNorm of every Llama-family decoder) becomes ``x / Sqrt(a)``, the form
 ONNX Runtime's ``SimplifiedLayerNormFusion`` recognises: without it each RMSNorm stayed seven
 nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) in the optimized session instead of one
-``SimplifiedLayerNormalization``. The division is the correctly rounded form of what eager's
+``SimplifiedLayerNormalization``. Another writes a biased linear on a 3-D input of static size as
+the ``Gemm`` ONNX Runtime would fuse it into, with one reshape per input instead of two per linear
+(``_static_linears_as_gemm``). The division is the correctly rounded form of what eager's
 ``rsqrt`` and product approximate (they differ by an ulp), and the proof compares the file
 with eager as always.
 
@@ -34,7 +36,7 @@ __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sourc
 ORT_PIPELINE: tuple[str, ...] = (
     "onnx:inline",
     "onnx:fold_constants",
-    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division)",
+    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division, static linears as gemm)",
     "onnx:remove_unused",
     "onnx:lift_constants",
     "onnx:deduplicate_initializers",
@@ -54,6 +56,40 @@ def _rsqrt_product_as_division() -> Any:
 
     return pattern.RewriteRuleSet(
         [pattern.RewriteRule(target, replacement, name="RsqrtProductAsDivision")], commute=True
+    )
+
+
+def _static_linears_as_gemm() -> Any:
+    """``Add(MatMul(x, W), b)`` with ``x`` ``[d0, d1, K]`` of static size, ``W`` and ``b`` stored
+    -> ``Reshape(Gemm(Reshape(x, [-1, K]), W, b), [d0, d1, N])``.
+
+    Why: ONNX Runtime fuses a 3-D ``MatMul`` + ``Add`` into ``Gemm`` itself when the session loads,
+    but then wraps every one in two reshapes of its own, each with its own shape constant, so the
+    query, key and value projections of one input reshape it three times and each output is
+    reshaped twice in a row (to 2-D and to the heads' 4-D). Written here, the reshapes of one input
+    are one (common subexpressions) and two reshapes in a row are one (``ReshapeReshape``): tiny
+    BERT's optimized session 78 -> 66 nodes, about 5% faster. The same ``Gemm`` ONNX Runtime would
+    run, on the same stored weight and bias; sizes that are not static are left to it."""
+    from onnxscript.rewriter import pattern
+
+    def target(op: Any, x: Any, w: Any, b: Any) -> Any:
+        return op.Add(op.MatMul(x, w), b)
+
+    def replacement(op: Any, x: Any, w: Any, b: Any) -> Any:
+        dims = [int(d) for d in x.shape]
+        flat = op.Reshape(x, op.Constant(value_ints=[-1, dims[2]]))
+        out = op.Gemm(flat, w, b)
+        return op.Reshape(out, op.Constant(value_ints=[dims[0], dims[1], int(w.shape[1])]))
+
+    def condition(context: Any, x: Any, w: Any, b: Any) -> bool:
+        if x.shape is None or len(x.shape) != 3 or not all(isinstance(d, int) for d in x.shape):
+            return False
+        if not (w.is_initializer() and b.is_initializer()) or w.shape is None or b.shape is None:
+            return False
+        return len(w.shape) == 2 and len(b.shape) == 1 and b.shape[0] == w.shape[1] == int(w.shape[1])
+
+    return pattern.RewriteRuleSet(
+        [pattern.RewriteRule(target, replacement, condition, name="StaticLinearAsGemm")]
     )
 
 
@@ -103,6 +139,7 @@ def _rules() -> Any:
         *(r for r in default_rewrite_rules() if id(r) not in banned),
         *_exact_identities(),
         *_rsqrt_product_as_division().rules,
+        *_static_linears_as_gemm().rules,
     )
 
 
