@@ -91,3 +91,26 @@ def test_different_slices_are_not_combined() -> None:
     SlicedConstants()(program)
     assert aten.add.Tensor in _ops(program)
     assert torch.equal(program.module()(torch.randn(9)), Offset()(torch.randn(9)))
+
+
+def test_a_third_operand_from_the_graph_is_not_folded() -> None:
+    """``where(c[:s], a[:s], x)``: the first two operands are slices of constants but the third
+    is computed, so nothing can be folded (and nothing crashes trying)."""
+
+    class Select(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("c", torch.arange(MAX) % 2 == 0)
+            self.register_buffer("a", torch.arange(MAX, dtype=torch.float32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            s = x.shape[0]
+            return torch.where(self.c[:s], self.a[:s], x)
+
+    program = torch.export.export(
+        Select(), (torch.randn(5),), dynamic_shapes=({0: Dim("s", min=2, max=MAX - 1)},)
+    )
+    SlicedConstants()(program)
+    assert aten.where.self in _ops(program)
+    x = torch.randn(9)
+    assert torch.equal(program.module()(x), Select()(x))

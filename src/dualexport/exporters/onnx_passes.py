@@ -86,7 +86,12 @@ def _static_linears_as_gemm() -> Any:
             return False
         if not (w.is_initializer() and b.is_initializer()) or w.shape is None or b.shape is None:
             return False
-        return len(w.shape) == 2 and len(b.shape) == 1 and b.shape[0] == w.shape[1] == int(w.shape[1])
+        return (
+            len(w.shape) == 2
+            and len(b.shape) == 1
+            and isinstance(w.shape[1], int)
+            and b.shape[0] == w.shape[1]
+        )
 
     return pattern.RewriteRuleSet(
         [pattern.RewriteRule(target, replacement, condition, name="StaticLinearAsGemm")]

@@ -39,7 +39,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .base import ProgramPass
-from .broadcasts import all_true
+from .broadcasts import repeated
 from .fold import FOLD_MAX_BYTES
 from .graph_edit import (
     Inserter,
@@ -334,26 +334,8 @@ def _cast_before_views(add: Inserter, mask: torch.fx.Node, dtype: torch.dtype) -
 
 def _broadcast_source(program: ExportedProgram, mask: torch.fx.Node) -> torch.fx.Node:
     """The value ``mask`` broadcasts, when it is only a broadcast of one (SDPA broadcasts its mask
-    itself): ``expand(x)``, or ``x & c`` / ``c & x`` with ``c`` all True (:func:`~.broadcasts.all_true`)."""
-    while mask.op == "call_function":
-        src: Any
-        if mask.target is aten.expand.default:
-            src = mask.args[0]
-        elif mask.target in (aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default):
-            a, b = mask.args[:2]
-            if all_true(program, a):
-                src = b
-            elif all_true(program, b):
-                src = a
-            else:
-                return mask
-        else:
-            return mask
-        val, out = getattr(src, "meta", {}).get("val"), mask.meta.get("val")
-        if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor) or val.dtype != out.dtype:
-            return mask
-        if val.dim() > out.dim() or not isinstance(src, torch.fx.Node):
-            return mask
+    itself): ``expand(x)``, or ``x & c`` / ``c & x`` with ``c`` all True (:func:`~.broadcasts.repeated`)."""
+    while (src := repeated(program, mask)) is not None:
         mask = src
     return mask
 

@@ -37,22 +37,12 @@ from .graph_edit import (
     same_size,
     shape_of,
 )
+from .lookups import SAME_VALUES
 
-__all__ = ["BroadcastOperands", "SlicedConstants", "all_true"]
+__all__ = ["BroadcastOperands", "SlicedConstants", "all_true", "repeated"]
 
 aten = torch.ops.aten
 
-#: ops whose output holds only values of their first input (an all-True input stays all True)
-_SELECTIONS = (
-    aten.slice.Tensor,
-    aten.select.int,
-    aten.expand.default,
-    aten.unsqueeze.default,
-    aten.view.default,
-    aten.reshape.default,
-    aten._unsafe_view.default,
-    aten.alias.default,
-)
 _ANDS = (aten.__and__.Tensor, aten.bitwise_and.Tensor, aten.logical_and.default)
 #: elementwise ops on tensors that broadcast them (every tensor operand positional)
 _ELEMENTWISE = frozenset(
@@ -80,15 +70,15 @@ _ELEMENTWISE = frozenset(
 
 
 def all_true(program: ExportedProgram, node: Any) -> bool:
-    """Whether ``node`` is a boolean constant that is all True, or a slice or view of one (a
-    dynamic sequence keeps transformers' folded query-side mask ``[1, 1, max, 1]`` as a slice)."""
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _SELECTIONS:
+    """Whether ``node`` is a boolean constant that is all True, or a slice, view or gather of one
+    (a dynamic sequence keeps transformers' folded query-side mask ``[1, 1, max, 1]`` as a slice)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in SAME_VALUES:
         node = node.args[0]
     value = constant_value(program, node)
     return value is not None and value.dtype == torch.bool and bool(value.all())
 
 
-def _repeated(program: ExportedProgram, node: Any) -> torch.fx.Node | None:
+def repeated(program: ExportedProgram, node: Any) -> torch.fx.Node | None:
     """``x`` when ``node`` only broadcasts ``x``'s values: ``expand(x)``, ``x & c``, ``c & x``."""
     if not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return None
@@ -138,7 +128,7 @@ class BroadcastOperands(ProgramPass):
                 continue
             args = list(node.args)
             for i in range(len(args)):
-                while (src := _repeated(program, args[i])) is not None:
+                while (src := repeated(program, args[i])) is not None:
                     trial = [*args[:i], src, *args[i + 1 :]]
                     if not _keeps_shape(node, trial):
                         break
@@ -206,6 +196,9 @@ class SlicedConstants(ProgramPass):
             assert a is not None and b is not None
             if a.shape != b.shape or not isinstance(node.meta.get("val"), torch.Tensor):
                 continue
+            rest = (*node.args[2:], *node.kwargs.values())
+            if any(isinstance(x, torch.fx.Node) for x in rest):
+                continue  # a third operand computed in the graph (where(c, a, x)): not foldable
             with torch.no_grad():
                 whole = op(a, b, *node.args[2:], **node.kwargs)
             if whole.numel() * whole.element_size() > FOLD_MAX_BYTES:

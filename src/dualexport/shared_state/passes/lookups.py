@@ -40,7 +40,7 @@ from .graph_edit import (
     same_size,
 )
 
-__all__ = ["IntegerIdentities", "UniformLookup"]
+__all__ = ["IntegerIdentities", "UniformLookup", "SAME_VALUES"]
 
 aten = torch.ops.aten
 
@@ -56,7 +56,7 @@ _IDENTITIES = {
     aten.floor_divide.default: 1,
 }
 #: ops whose every output element is one of their first input's elements
-_SAME_VALUES = frozenset(
+SAME_VALUES = frozenset(
     {
         *VIEW_OPS,
         aten.expand.default,
@@ -135,7 +135,7 @@ def _uniform(program: ExportedProgram, node: Any, depth: int = 0) -> int | None:
             return None
         first = value.reshape(-1)[0]
         return int(first) if bool((value == first).all()) else None
-    if node.op == "call_function" and node.target in _SAME_VALUES:
+    if node.op == "call_function" and node.target in SAME_VALUES:
         return _uniform(program, node.args[0], depth + 1)
     return None
 
