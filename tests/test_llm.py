@@ -220,6 +220,24 @@ def test_xnnpack_one_delegate_per_program(llm: Exported) -> None:
     assert not {"aten_index_put_default", "aten_any_dim", "aten_mean_dim"} & set(d.non_delegated_ops())
 
 
+def test_onnx_writes_each_layers_cache_with_one_scatter(llm: Exported) -> None:
+    """The shared program's dense cache write (one-hot product, ``keep`` product, sum: the form
+    XNNPACK takes) is one ScatterElements per layer's keys and values in the .onnx
+    (onnx_cache_writes.py), on the cache itself: no product of the whole cache is left. Exactness
+    is the greedy and teacher-forced checks above, on this same file."""
+    import onnx
+
+    graph = onnx.load(str(llm.res.artifacts["onnx"].path), load_external_data=False).graph
+    layers = read_layout(llm.res.artifacts["onnx"].path).layers
+    scatters = [n for n in graph.node if n.op_type == "ScatterElements"]
+    assert len(scatters) == 2 * layers, sorted({n.op_type for n in graph.node})
+    producers = {o: n for n in graph.node for o in n.output}
+    sources = {producers[s.input[0]].input[0] for s in scatters if s.input[0] in producers}
+    sources |= {s.input[0] for s in scatters if s.input[0] not in producers}
+    assert sources <= {"past_k", "past_v"}, sources
+    assert not any(n.op_type == "Equal" for n in graph.node), "the one-hot matrix is still computed"
+
+
 # --------------------------------------------------------------------- one architecture only
 @pytest.fixture
 def llama(exports: Any) -> Exported:

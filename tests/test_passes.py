@@ -397,3 +397,62 @@ def test_static_linears_are_gemms_with_one_reshape_per_input(tmp_path: pathlib.P
     mine, theirs = _optimized_ops(path, tmp_path), _optimized_ops(plain, tmp_path)
     assert mine.count("Reshape") < theirs.count("Reshape"), (mine, theirs)
     assert len(mine) < len(theirs), (mine, theirs)
+
+
+@pytest.mark.parametrize("form", ["cache", "shifted table", "half keep"])
+def test_one_hot_cache_write_is_one_scatter_and_exact(tmp_path: pathlib.Path, form: str) -> None:
+    """export_llm's dense cache write (``llm/cache.py``'s one-hot product, the form XNNPACK takes)
+    is one ScatterElements in the ONNX pipeline, with the same values bit for bit on distinct
+    positions (prefill and decode); a product that only looks like it (the position table shifted,
+    ``keep`` not ``1 - hits``) is left as it is."""
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    from dualexport.exporters.onnx_passes import optimize_for_ort
+    from dualexport.llm.cache import _Scatter
+
+    slots, heads, dim = 12, 3, 4
+
+    class Write(torch.nn.Module):
+        def forward(self, past: torch.Tensor, new: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            write = _Scatter(pos.view(1, -1), slots, past.dtype)
+            if form == "shifted table":  # slot t takes position t + 1: not a write at the positions
+                hit = (torch.arange(slots).view(-1, 1) + 1 == pos.view(1, -1)).to(past.dtype)
+                write.onehot, write.keep = hit.unsqueeze(0), (1.0 - hit.sum(-1)).view(1, 1, slots, 1)
+            if form == "half keep":
+                write.keep = write.keep * 0.5 + 0.5
+            return write(past, new)
+
+    s = torch.export.Dim("s", min=1, max=slots - 1)
+    args = (torch.randn(1, heads, slots, dim), torch.randn(1, heads, 3, dim), torch.tensor([4, 5, 6]))
+    program = torch.onnx.export(
+        Write(), args, dynamic_shapes=({}, {2: s}, {0: s}), dynamo=True, verbose=False
+    )
+    plain = tmp_path / "plain.onnx"
+    program.save(str(plain))
+    model = ir.load(str(plain))
+    optimize_for_ort(model)
+    mine = tmp_path / "mine.onnx"
+    ir.save(model, str(mine))
+    ops = [n.op_type for n in model.graph]
+    assert (ops.count("ScatterElements") == 1) == (form == "cache"), ops
+    if form == "cache":
+        assert "MatMul" not in ops and "Equal" not in ops, ops
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (plain, mine)]
+    rng = np.random.default_rng(0)
+    for n, start in [(1, 0), (1, slots - 1), (5, 3), (slots - 1, 0)]:
+        feed = {
+            i.name: v
+            for i, v in zip(
+                runs[0].get_inputs(),
+                (
+                    rng.standard_normal((1, heads, slots, dim)).astype(np.float32),
+                    rng.standard_normal((1, heads, n, dim)).astype(np.float32),
+                    np.arange(start, start + n, dtype=np.int64),
+                ),
+                strict=True,
+            )
+        }
+        want, got = (r.run(None, feed)[0] for r in runs)
+        np.testing.assert_array_equal(got, want)

@@ -13,7 +13,8 @@ ONNX Runtime's ``SimplifiedLayerNormFusion`` recognises: without it each RMSNorm
 nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) in the optimized session instead of one
 ``SimplifiedLayerNormalization``. Another writes a biased linear on a 3-D input of static size as
 the ``Gemm`` ONNX Runtime would fuse it into, with one reshape per input instead of two per linear
-(``_static_linears_as_gemm``). The division is the correctly rounded form of what eager's
+(``_static_linears_as_gemm``). A decoder's dense cache write is one ``ScatterElements``
+(``onnx_cache_writes``). The division is the correctly rounded form of what eager's
 ``rsqrt`` and product approximate (they differ by an ulp), and the proof compares the file
 with eager as always.
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compat.onnx import default_rewrite_rules, fold_constants_pass, fuse_batchnorm_rules, no_op_rules
+from .onnx_cache_writes import one_hot_writes_as_scatter
 
 __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sources"]
 
@@ -36,7 +38,7 @@ __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sourc
 ORT_PIPELINE: tuple[str, ...] = (
     "onnx:inline",
     "onnx:fold_constants",
-    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division, static linears as gemm)",
+    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division, static linears as gemm, one-hot cache writes as scatter)",
     "onnx:remove_unused",
     "onnx:lift_constants",
     "onnx:deduplicate_initializers",
@@ -145,6 +147,7 @@ def _rules() -> Any:
         *_exact_identities(),
         *_rsqrt_product_as_division().rules,
         *_static_linears_as_gemm().rules,
+        *one_hot_writes_as_scatter().rules,
     )
 
 
