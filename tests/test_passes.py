@@ -456,3 +456,75 @@ def test_one_hot_cache_write_is_one_scatter_and_exact(tmp_path: pathlib.Path, fo
         }
         want, got = (r.run(None, feed)[0] for r in runs)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bounds", [(-128.0, 127.0), (-200.0, 200.0)], ids=["int8", "wider"])
+def test_whole_number_rules_are_exact(tmp_path: pathlib.Path, bounds: tuple[float, float]) -> None:
+    """What torch.onnx writes for a per-token int8 activation quantization, in fewer nodes
+    (onnx_integer_rules.py): ``zeros_like`` operands of Max/Min, int8 round trips of whole numbers
+    inside int8's range, a reshape to dims computed from another value's shape. Bit for bit
+    against the graph as written; a round trip whose values can leave int8 (Clip to +-200) is
+    kept."""
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from dualexport.exporters.onnx_passes import optimize_for_ort
+
+    def const(name: str, value: Any, dtype: Any = np.float32) -> Any:
+        return helper.make_node(
+            "Constant", [], [name], value=onnx.numpy_helper.from_array(np.array(value, dtype))
+        )
+
+    nodes = [
+        const("axes", [2], np.int64),
+        const("zero", 0.0),
+        const("three", 3.0),
+        const("lo", bounds[0]),
+        const("hi", bounds[1]),
+        const("flat", [1, -1, 8], np.int64),
+        const("pick", [False, False, True], np.bool_),
+        const("ones", [1, 1, 1], np.int64),
+        helper.make_node("ReduceMax", ["x", "axes"], ["amax"], keepdims=0),
+        helper.make_node("Shape", ["amax"], ["amax_shape"]),
+        helper.make_node("Expand", ["zero", "amax_shape"], ["zeros"]),
+        helper.make_node("Max", ["amax", "zeros"], ["top"]),
+        helper.make_node("Mul", ["x", "three"], ["x3"]),
+        helper.make_node("Round", ["x3"], ["r"]),
+        helper.make_node("Clip", ["r", "lo", "hi"], ["c"]),
+        helper.make_node("Cast", ["c"], ["q"], to=TensorProto.INT8),
+        helper.make_node("Cast", ["q"], ["y1"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["q", "flat"], ["q2"], allowzero=1),
+        helper.make_node("Cast", ["q2"], ["y2"], to=TensorProto.FLOAT),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Where", ["pick", "ones", "x_shape"], ["dims"]),
+        helper.make_node("Reshape", ["top", "dims"], ["y3"]),
+        helper.make_node("Add", ["y1", "y2"], ["y12"]),
+        helper.make_node("Mul", ["y12", "y3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "s", 8])],
+    )
+    proto = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    )
+    plain = tmp_path / "plain.onnx"
+    onnx.save(proto, str(plain))
+    model = ir.from_proto(proto)
+    optimize_for_ort(model)
+    mine = tmp_path / "mine.onnx"
+    ir.save(model, str(mine))
+    ops = [n.op_type for n in model.graph]
+    assert "Expand" not in ops and "Where" not in ops, ops
+    assert ops.count("Cast") == (0 if bounds == (-128.0, 127.0) else 3), ops
+    runs = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (plain, mine)]
+    rng = np.random.default_rng(0)
+    for s in (1, 5):
+        x = (rng.standard_normal((1, s, 8)) * 30).astype(np.float32)
+        want, got = (r.run(None, {"x": x})[0] for r in runs)
+        np.testing.assert_array_equal(got, want)

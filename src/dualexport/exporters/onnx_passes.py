@@ -14,7 +14,8 @@ nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul) in the optimized sessio
 ``SimplifiedLayerNormalization``. Another writes a biased linear on a 3-D input of static size as
 the ``Gemm`` ONNX Runtime would fuse it into, with one reshape per input instead of two per linear
 (``_static_linears_as_gemm``). A decoder's dense cache write is one ``ScatterElements``
-(``onnx_cache_writes``). The division is the correctly rounded form of what eager's
+(``onnx_cache_writes``), and a quantized decoder's activation quantization has fewer nodes
+(``onnx_integer_rules``). The division is the correctly rounded form of what eager's
 ``rsqrt`` and product approximate (they differ by an ulp), and the proof compares the file
 with eager as always.
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from ..compat.onnx import default_rewrite_rules, fold_constants_pass, fuse_batchnorm_rules, no_op_rules
 from .onnx_cache_writes import one_hot_writes_as_scatter
+from .onnx_integer_rules import integer_rules
 
 __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sources"]
 
@@ -38,7 +40,7 @@ __all__ = ["ORT_PIPELINE", "PipelineResult", "optimize_for_ort", "constant_sourc
 ORT_PIPELINE: tuple[str, ...] = (
     "onnx:inline",
     "onnx:fold_constants",
-    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division, static linears as gemm, one-hot cache writes as scatter)",
+    "onnx:rewrite_rules(no batchnorm fusion, exact identities, rsqrt product as division, static linears as gemm, one-hot cache writes as scatter, whole-number arithmetic)",
     "onnx:remove_unused",
     "onnx:lift_constants",
     "onnx:deduplicate_initializers",
@@ -148,6 +150,7 @@ def _rules() -> Any:
         *_rsqrt_product_as_division().rules,
         *_static_linears_as_gemm().rules,
         *one_hot_writes_as_scatter().rules,
+        *integer_rules(),
     )
 
 
