@@ -23,9 +23,13 @@ greedy tokens (the fp32 rows should agree with each other). Export times are wal
 machine.
 
 Run: ``python bench/llm_generation.py [--layers N] [--prompt P] [--new N] [--max-seq-len T]
-[--runtimes ORT|ExecuTorch]`` (one runtime: only its files are exported and measured);
-not part of ``make bench`` (six exports of a 135M model take tens of minutes on 2 cores).
-``--layers 4`` keeps the shape of every layer and shortens the stack.
+[--runtimes ORT|ExecuTorch]`` (one runtime: only its files are exported and measured); each
+file is measured in ``--repeat`` rounds (default 3; medians, and the range of decode); not part
+of ``make bench`` (six exports of a 135M model take tens of minutes on 2 cores).
+``--layers 4`` keeps the shape of every layer and shortens the stack. On 2 cores the exports of the
+full model take most of an hour; ``--out DIR --reuse`` keeps finished exports, so a second run with
+``--only "plain ExecuTorch int4"`` (same ``--out``) can export on the other core meanwhile, and the
+measuring run waits for it.
 """
 
 from __future__ import annotations
@@ -87,9 +91,9 @@ def export_dualexport(
         options=ExportOptions(onnx_int4_accuracy_level=accuracy_level),
     )
     seconds = time.perf_counter() - t
-    if res.errors:
-        raise SystemExit(f"dualexport export failed: {dict(res.errors)}")
     row: dict[str, Any] = {"seconds": seconds}
+    if res.errors:  # a row of the table, not the end of the run
+        row["error"] = "; ".join(f"{t}: {str(e).splitlines()[0]}" for t, e in res.errors.items())
     if "onnx" in res.artifacts:
         row["onnx"] = str(res.artifacts["onnx"].path)
     if "xnnpack" in res.artifacts:
@@ -138,6 +142,28 @@ def export_genai(folder: pathlib.Path, out: pathlib.Path, precision: str) -> dic
     if run.returncode != 0:
         raise SystemExit(f"onnxruntime-genai builder failed:\n{run.stderr[-3000:]}")
     return {"seconds": time.perf_counter() - t, "folder": str(out)}
+
+
+def _export_once(folder: pathlib.Path, export: Any, *, reuse: bool) -> dict[str, Any]:
+    """One export, or with ``--reuse`` the one already in ``folder`` (its ``export.json``, written
+    last): two runs sharing ``--out`` split the exports between the cores, and the run that measures
+    waits for a folder another run is still writing (its ``.exporting`` marker)."""
+    done, busy = folder / "export.json", folder / ".exporting"
+    if reuse:
+        while busy.exists() and not done.exists():
+            time.sleep(10)
+        if done.exists():
+            row: dict[str, Any] = json.loads(done.read_text())
+            return row
+        folder.mkdir(parents=True, exist_ok=True)
+        busy.touch()
+    try:
+        row = export()
+    finally:
+        busy.unlink(missing_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(row))
+    return row
 
 
 # ----------------------------------------------------------------------------- measuring (child)
@@ -241,6 +267,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_decoder_args(ap)
     ap.add_argument("--runtimes", default="ORT,ExecuTorch", help="ORT, ExecuTorch or both")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --out: keep exports already in it (each folder's export.json); another run "
+        "exporting the same folder is waited for",
+    )
+    ap.add_argument("--only", help="export only the files whose name contains this, then stop")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="measuring rounds (each file once per round; medians)"
+    )
     ap.add_argument("--measure", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     ap.add_argument("--layout", help=argparse.SUPPRESS)
@@ -276,29 +312,64 @@ def _run(ns: argparse.Namespace) -> None:
     runtimes = {r.strip() for r in ns.runtimes.split(",")}
     ort, et = "ORT" in runtimes, "ExecuTorch" in runtimes
     targets = tuple(t for t, on in (("onnx", ort), ("xnnpack", et)) if on)
-    exports: dict[str, dict[str, Any]] = {}
+    jobs: dict[str, tuple[pathlib.Path, Any]] = {}
     for precision in ("fp32", "int4"):
         quantize = None if precision == "fp32" else "int4"
-        exports[f"dualexport {precision}"] = export_dualexport(
-            model, out / f"dx_{precision}", ns.max_seq_len, quantize, targets
+        d = out / f"dx_{precision}"
+        jobs[f"dualexport {precision}"] = (
+            d,
+            lambda d=d, q=quantize: export_dualexport(model, d, ns.max_seq_len, q, targets),
         )
         if ort and quantize:
-            exports[f"dualexport {precision} level 4"] = export_dualexport(
-                model, out / f"dx_{precision}_l4", ns.max_seq_len, quantize, ("onnx",), accuracy_level=4
+            d = out / f"dx_{precision}_l4"
+            jobs[f"dualexport {precision} level 4"] = (
+                d,
+                lambda d=d, q=quantize: export_dualexport(
+                    model, d, ns.max_seq_len, q, ("onnx",), accuracy_level=4
+                ),
             )
         if et:
-            exports[f"plain ExecuTorch {precision}"] = export_plain_executorch(
-                model, out / f"et_{precision}", ns.max_seq_len, precision == "int4"
+            d = out / f"et_{precision}"
+            jobs[f"plain ExecuTorch {precision}"] = (
+                d,
+                lambda d=d, p=precision: export_plain_executorch(model, d, ns.max_seq_len, p == "int4"),
             )
         if ort:
-            exports[f"onnxruntime-genai {precision}"] = export_genai(
-                out / "hf", out / f"genai_{precision}", precision
+            d = out / f"genai_{precision}"
+            jobs[f"onnxruntime-genai {precision}"] = (
+                d,
+                lambda d=d, p=precision: export_genai(out / "hf", d, p),
             )
+    only = [name for name in jobs if ns.only is None or ns.only in name]
+    exports = {name: _export_once(*jobs[name], reuse=ns.reuse) for name in only}
+    if ns.only is not None:
+        return
     for name, e in exports.items():
         extra = f", XNNPACK {e['delegation']}" if "delegation" in e else ""
+        extra += f", FAILED: {e['error']}" if "error" in e else ""
         print(f"export {name:24s} {e['seconds']:7.1f} s{extra}", flush=True)
-    rows = _measure_all(exports, prompt_ids, ns.new, ort, et)
-    _print(rows)
+    runs = [_measure_all(exports, prompt_ids, ns.new, ort, et) for _ in range(ns.repeat)]
+    _print(_median_rows(runs))
+
+
+def _median_rows(runs: list[dict[tuple[str, str], Any]]) -> dict[tuple[str, str], Any]:
+    """Each file's median prefill and decode over the rounds (every file measured once per round,
+    so a slow spell of the machine falls on all of them), with the decode range beside it."""
+    rows: dict[tuple[str, str], Any] = {}
+    for key, first in runs[0].items():
+        ok = [r[key] for r in runs if "error" not in r[key]]
+        if not ok:
+            rows[key] = first
+            continue
+        decode = [r["decode"] for r in ok]
+        rows[key] = {
+            **ok[0],
+            "prefill": statistics.median(r["prefill"] for r in ok),
+            "decode": statistics.median(decode),
+            "rss": max(r["rss"] for r in ok),
+            "spread": (min(decode), max(decode)),
+        }
+    return rows
 
 
 def _measure_all(
@@ -312,8 +383,10 @@ def _measure_all(
             rows["ORT", f"dualexport {precision}"] = measure("dx", dx_files["onnx"], None, prompt, new)
             level4 = exports.get(f"dualexport {precision} level 4")
             if level4:
-                rows["ORT", f"dualexport {precision} level 4"] = measure(
-                    "dx", level4["onnx"], None, prompt, new
+                rows["ORT", f"dualexport {precision} level 4"] = (
+                    {"error": f"export: {level4['error']}"}
+                    if "error" in level4
+                    else measure("dx", level4["onnx"], None, prompt, new)
                 )
             rows["ORT", f"onnxruntime-genai {precision}"] = measure(
                 "genai", genai["folder"], None, prompt, new
@@ -330,7 +403,7 @@ def _measure_all(
 def _print(rows: dict[tuple[str, str], Any]) -> None:
     print(
         f"\n{'runtime':11s} {'file':26s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'peak RSS':>9s} "
-        f"{'(after imports)':>15s}  greedy tokens vs dualexport's ONNX file"
+        f"{'(after imports)':>15s}  {'decode range':>13s}  greedy tokens vs dualexport's ONNX file"
     )
     for (runtime, name), row in rows.items():
         if "error" in row:
@@ -339,9 +412,10 @@ def _print(rows: dict[tuple[str, str], Any]) -> None:
         precision = "int4" if "int4" in name else "fp32"
         reference = rows.get(("ORT", f"dualexport {precision}"), {}).get("tokens") or []
         same = sum(a == b for a, b in zip(row["tokens"], reference, strict=False))
+        lo, hi = row.get("spread", (row["decode"], row["decode"]))
         print(
             f"{runtime:11s} {name:26s} {row['prefill']:13.1f} {row['decode']:12.2f} {row['rss']:7.0f} MB "
-            f"{row['base']:12.0f} MB  {same}/{len(row['tokens'])} equal"
+            f"{row['base']:12.0f} MB  {lo:6.2f}-{hi:<6.2f}  {same}/{len(row['tokens'])} equal"
         )
     print()
     for runtime, anchor in (("ORT", "onnxruntime-genai"), ("ExecuTorch", "plain ExecuTorch")):

@@ -473,12 +473,57 @@ def test_accuracy_level_4_runs_float_activations_into_matmulnbits(tmp_path: path
         for a in next(n for n in fused.graph.node if n.op_type == "MatMulNBits").attribute
     }
     assert attrs["accuracy_level"] == 4
+    proof = res.artifacts["onnx"].outcome.proof
+    assert "float activations" in proof.against and "accuracy level 4" in proof.against
+    assert a_doubled_scale_fails_the_proof(res, tmp_path)
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
     assert report.tolerances == {"onnx": KERNEL_QUANTIZED_TOLERANCE}
     assert report.ok, report.to_markdown()
     worst = max(p.teacher_forced["onnx"].max_abs for p in report.prompts)
     assert 0 < worst <= KERNEL_QUANTIZED_TOLERANCE.max_abs  # other numerics, within the bound
     assert "accuracy level 4" in report.to_markdown()
+
+
+def a_doubled_scale_fails_the_proof(res: Any, tmp_path: pathlib.Path) -> bool:
+    """The level-4 proof (the file against the program with float activations, by the SNR the
+    program's own activation quantization keeps) still refuses a wrong weight: the scales of one
+    layer's ``down_proj`` doubled in a copy of the file."""
+    import shutil
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from dualexport.errors import ProofMismatchError
+    from dualexport.exporters import ExportOptions, get_exporter
+    from dualexport.pipeline.prove import prove_file
+    from dualexport.pipeline.reference import approximated, reference_sets
+    from dualexport.shared_state.contract import edge_sizes, flatten_inputs, input_specs
+
+    path = pathlib.Path(res.artifacts["onnx"].path)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in path.parent.iterdir():
+        if f.name.startswith(path.stem + ".onnx"):
+            shutil.copy(f, bad / f.name)
+    model = onnx.load(str(bad / path.name))
+    init = next(
+        i for i in model.graph.initializer if "layers.0.mlp.down_proj" in i.name and "scale" in i.name
+    )
+    init.CopyFrom(numpy_helper.from_array(np.asarray(numpy_helper.to_array(init) * 2), init.name))
+    onnx.save(model, str(bad / path.name), save_as_external_data=True, location=path.name + ".data")
+
+    shared = res.program
+    program = shared.exported_program
+    example = flatten_inputs(program, shared.example_args, shared.example_kwargs)
+    approx = get_exporter("onnx").proof_program(program, ExportOptions(onnx_int4_accuracy_level=4))
+    assert approx is not None
+    reference = approximated(reference_sets(shared, example, edge_sizes(program)), shared, *approx)
+    specs = input_specs(program)
+    assert prove_file("onnx", path, specs, reference).values  # the file as written passes
+    with pytest.raises(ProofMismatchError, match="float activations"):
+        prove_file("onnx", bad / path.name, specs, reference)
+    return True
 
 
 def test_accuracy_levels_other_than_0_and_4_are_refused() -> None:

@@ -140,3 +140,11 @@ class Exporter(Protocol):
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         """Why the target may not store a weight as-is (see ``LoweredTarget.weight_notes``)."""
         ...
+
+    def proof_program(
+        self, program: ExportedProgram, options: ExportOptions
+    ) -> tuple[ExportedProgram, str] | None:
+        """The program the file computes when ``options`` ask for other numerics than the shared
+        program's (ONNX Runtime's int4 kernel quantizing float activations itself), with a label
+        for messages; None when the file computes the shared program."""
+        ...

@@ -162,6 +162,16 @@ class OnnxExporter:
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return unused_weight_notes(decomposed)
 
+    def proof_program(
+        self, program: ExportedProgram, options: ExportOptions
+    ) -> tuple[ExportedProgram, str] | None:
+        if options.onnx_int4_accuracy_level != 4 or not uses_torchao(program):
+            return None
+        approx = float_activations(program)
+        if approx is program:
+            return None
+        return approx, "the shared program with float activations into its int4 linears (accuracy level 4)"
+
     def passes(self, options: ExportOptions) -> tuple[str, ...]:
         from .onnx_passes import ORT_PIPELINE
 

@@ -220,6 +220,11 @@ class XnnpackExporter:
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return weight_notes(decomposed)
 
+    def proof_program(
+        self, program: ExportedProgram, options: ExportOptions
+    ) -> tuple[ExportedProgram, str] | None:
+        return None
+
     def passes(self, options: ExportOptions) -> tuple[str, ...]:
         if not options.xnnpack_passes:
             return ()

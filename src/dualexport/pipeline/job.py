@@ -41,7 +41,7 @@ from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
 from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
 from .prove import prove_file
-from .reference import Reference
+from .reference import Reference, approximated
 
 __all__ = ["JobKeys", "Previous", "TargetJob", "RELEASE_MEMORY_ABOVE"]
 
@@ -138,6 +138,7 @@ class TargetJob:
         self._staged: _Staged | None = None
         self._lower: Callable[[], _Lowering] | None = None
         self._forked: ForkedCall[_Lowering] | None = None
+        self._approximated: Reference | None = None
         self._decomposed: Any = None
         self._error: BaseException | None = None
         #: why this job lowers although a previous set was there (Lowered.because)
@@ -341,7 +342,17 @@ class TargetJob:
 
     # ------------------------------------------------------------------- complete, stage
     def _prove(self, path: pathlib.Path) -> Proof:
-        return prove_file(self.target, path, self._specs, self.reference)
+        return prove_file(self.target, path, self._specs, self._proof_reference())
+
+    def _proof_reference(self) -> Reference:
+        """The shared program's outputs, or those of the approximation the options ask this
+        target to compute (``Exporter.proof_program``), computed once per job."""
+        if self._approximated is None:
+            approx = self.exporter.proof_program(self.shared.exported_program, self.options)
+            self._approximated = (
+                self.reference if approx is None else approximated(self.reference, self.shared, *approx)
+            )
+        return self._approximated
 
     def _complete(self) -> Published:
         seconds = lambda: time.perf_counter() - self._t0  # noqa: E731

@@ -47,12 +47,16 @@ class Proof:
     ranges: str
     edges: tuple[str, ...] = ()
     values: tuple[ValueCheck, ...] = ()
+    #: what the outputs were judged against: the shared program, or the approximation the
+    #: options asked the target to compute (``Exporter.proof_program``)
+    against: str = "the shared program"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranges": self.ranges,
             "edges": list(self.edges),
             "values": [v.to_dict() for v in self.values],
+            "against": self.against,
         }
 
 

@@ -121,7 +121,7 @@ def _judge(
         m = judge(tol, got, want)
         if not m.ok:
             raise ProofMismatchError(
-                f"{name} computes output {k} {case.where} differently from the shared program: "
+                f"{name} computes output {k} {case.where} differently from {reference.label}: "
                 f"max_abs {m.max_abs:.3g}, SNR {m.snr_db:.1f} dB, {m.mismatch_pct:.2f}% of elements "
                 f"outside the tolerance ({tol.source})",
                 target=target,
@@ -135,7 +135,7 @@ def _judge(
 def prove_file(target: str, path: pathlib.Path, specs: Sequence[InputSpec], reference: Reference) -> Proof:
     """Load ``path`` in its runtime; check the ranges it records against ``specs`` (the pinned
     contract); run it on every proof set (a fresh load per set for a stateful program) and judge
-    each output against the shared program's. Raises the target's error
+    each output against the shared program's (or the approximation ``reference`` is of). Raises the target's error
     (``RangeNarrowedError``, ``RuntimeExecutionError``, ``ProofMismatchError``,
     ``RuntimeLoadError``) when any of it fails."""
     runner = open_runner(target, path, lean=True)
@@ -147,4 +147,4 @@ def prove_file(target: str, path: pathlib.Path, specs: Sequence[InputSpec], refe
         outs = _run(runner, case, target, path.name)
         values.append(_judge(target, path.name, case, outs, reference))
     edges = tuple(c.label for c in reference.sets if c.label != "example")
-    return Proof(ranges=ranges, edges=edges, values=tuple(values))
+    return Proof(ranges=ranges, edges=edges, values=tuple(values), against=reference.label)

@@ -214,7 +214,8 @@ def _proof(art: Artifact) -> str:
     proof = art.outcome.proof if art.outcome is not None else None
     if proof is None:
         return "\u2014"
-    return proof.ranges + (f"; ran from disk at {', '.join(proof.edges)}" if proof.edges else "")
+    text = proof.ranges + (f"; ran from disk at {', '.join(proof.edges)}" if proof.edges else "")
+    return text + ("" if proof.against == "the shared program" else f"; judged against {proof.against}")
 
 
 def _parity_badge(target: str, report: ParityReport | None) -> Badge:
