@@ -352,10 +352,10 @@ def _run(ns: argparse.Namespace) -> None:
     _print(_median_rows(runs))
 
 
-def _median_rows(runs: list[dict[tuple[str, str], Any]]) -> dict[tuple[str, str], Any]:
+def _median_rows(runs: list[dict[Any, Any]]) -> dict[Any, Any]:
     """Each file's median prefill and decode over the rounds (every file measured once per round,
     so a slow spell of the machine falls on all of them), with the decode range beside it."""
-    rows: dict[tuple[str, str], Any] = {}
+    rows: dict[Any, Any] = {}
     for key, first in runs[0].items():
         ok = [r[key] for r in runs if "error" not in r[key]]
         if not ok:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 from typing import Any
@@ -109,22 +108,10 @@ def main() -> None:
         "dualexport int4": (sys.executable, "dx", str(out / "dx_int4" / "m.pte")),
         "optimum-executorch int4 (8da4w)": (ns.optimum_python, "optimum", str(out / "oet_int4")),
     }
+    from llm_generation import _median_rows
+
     runs = [{name: _child(*f, prompt, ns.new) for name, f in files.items()} for _ in range(ns.repeat)]
-    rows: dict[str, Any] = {}
-    for name in files:
-        ok = [r[name] for r in runs if "error" not in r[name]]
-        if not ok:
-            rows[name] = runs[0][name]
-            continue
-        decode = [r["decode"] for r in ok]
-        rows[name] = {
-            "prefill": statistics.median(r["prefill"] for r in ok),
-            "decode": statistics.median(decode),
-            "spread": (min(decode), max(decode)),
-            "rss": max(r["rss"] for r in ok),
-            "base": ok[0]["base"],
-            "tokens": ok[0]["tokens"],
-        }
+    rows = _median_rows(runs)
     print(f"ExecuTorch, {ns.repeat} rounds, prompt {ns.prompt}, {ns.new} new tokens, {os.cpu_count()} cores")
     print(f"{'file':34s} {'prefill tok/s':>13s} {'decode tok/s':>12s} {'decode range':>13s} {'peak RSS':>9s}")
     for name, row in rows.items():

@@ -337,10 +337,11 @@ def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_session_config_key_is_shared_by_exporter_and_runner() -> None:
-    from dualexport.exporters.onnx_quant import SESSION_CONFIG_KEY
+    from dualexport.exporters.onnx_quant import ACCURACY_LEVEL_ENTRY, SESSION_CONFIG_KEY
     from dualexport.runtimes import ort
 
     assert ort.SESSION_CONFIG_KEY == SESSION_CONFIG_KEY
+    assert ort.ACCURACY_LEVEL_ENTRY == ACCURACY_LEVEL_ENTRY
 
 
 def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureFixture) -> None:

@@ -98,8 +98,7 @@ def _int8_source(value: Any) -> tuple[Any, Any] | None:
     node = value.producer() if value is not None else None
     shape = None
     if node is not None and node.op_type == "Reshape" and node.domain == "":
-        dims = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None else None
-        if dims is None or 0 in dims.numpy().reshape(-1).tolist():  # allowzero cannot matter
+        if len(node.inputs) < 2 or not _constant_without_zeros(node.inputs[1]):  # allowzero cannot matter
             return None
         shape, node = node.inputs[1], node.inputs[0].producer()
     if node is None or node.op_type != "Cast" or node.domain != "":
@@ -153,9 +152,15 @@ def _plain_reshape() -> Any:
         return op.Reshape(x, s)
 
     def condition(context: Any, x: Any, s: Any) -> bool:
-        return s.const_value is not None and 0 not in s.const_value.numpy().reshape(-1).tolist()
+        return _constant_without_zeros(s)
 
     return pattern.RewriteRule(target, replacement, condition, name="ReshapeWithoutZeros")
+
+
+def _constant_without_zeros(dims: Any) -> bool:
+    """``dims`` is a constant shape with no zero (where ``Reshape``'s ``allowzero`` changes nothing)."""
+    const = dims.const_value if dims is not None else None
+    return const is not None and 0 not in const.numpy().reshape(-1).tolist()
 
 
 def _where_dims(s: Any) -> list[int] | None:

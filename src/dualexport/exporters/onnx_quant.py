@@ -47,12 +47,15 @@ __all__ = [
     "float_activations",
     "Int4Result",
     "SESSION_CONFIG_KEY",
+    "ACCURACY_LEVEL_ENTRY",
     "MATMULNBITS_ACCURACY_LEVEL",
     "MIN_OPSET",
 ]
 
 #: ONNX metadata key: session config entries (JSON object) a runner applies when it loads the file.
 SESSION_CONFIG_KEY = "dualexport.ort_session_config"
+#: ONNX Runtime's session config entry for MatMulNBits' accuracy level.
+ACCURACY_LEVEL_ENTRY = "session.qdq_matmulnbits_accuracy_level"
 #: The level the file is proven at: 0 computes what the shared program computes.
 MATMULNBITS_ACCURACY_LEVEL = 0
 #: INT4 tensors and blocked DequantizeLinear arrived in opset 21.
@@ -300,7 +303,5 @@ def weights_for_matmulnbits(model: Any, accuracy_level: int = MATMULNBITS_ACCURA
         from onnx_ir.passes.common import RemoveUnusedNodesPass
 
         RemoveUnusedNodesPass()(model)
-        model.metadata_props[SESSION_CONFIG_KEY] = json.dumps(
-            {"session.qdq_matmulnbits_accuracy_level": str(accuracy_level)}
-        )
+        model.metadata_props[SESSION_CONFIG_KEY] = json.dumps({ACCURACY_LEVEL_ENTRY: str(accuracy_level)})
     return Int4Result(count, notes)

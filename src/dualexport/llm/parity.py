@@ -416,5 +416,7 @@ def generation_parity(
 
 def _kernel_quantized(session: DecoderSession) -> bool:
     """Whether ``session`` runs an .onnx recorded at ``MatMulNBits`` accuracy level 4."""
+    from ..exporters.onnx_quant import ACCURACY_LEVEL_ENTRY
+
     config = getattr(session.runner, "session_config", {})
-    return str(config.get("session.qdq_matmulnbits_accuracy_level", "0")) == "4"
+    return str(config.get(ACCURACY_LEVEL_ENTRY, "0")) == "4"

@@ -14,6 +14,8 @@ from ..shared_state.contract import RANGES_METADATA, check_against_specs
 #: ONNX metadata key: session config entries (a JSON object) the file was proven with
 #: (written by ``exporters/onnx_quant.py``; the same string, runtimes do not import exporters).
 SESSION_CONFIG_KEY = "dualexport.ort_session_config"
+#: ONNX Runtime's session config entry for MatMulNBits' accuracy level (as exporters.onnx_quant's).
+ACCURACY_LEVEL_ENTRY = "session.qdq_matmulnbits_accuracy_level"
 
 __all__ = ["OrtRunner"]
 
@@ -22,7 +24,7 @@ def _prepacking_changes_numerics(config: dict[str, Any]) -> bool:
     """MatMulNBits above accuracy level 0 runs its int8 kernel only on prepacked weights; without
     prepacking it computes in float (measured: 40.8 dB apart on a 2-layer int4 Llama), so a proof
     run without it would prove other numerics than every user's session runs."""
-    return str(config.get("session.qdq_matmulnbits_accuracy_level", "0")) not in ("0", "")
+    return str(config.get(ACCURACY_LEVEL_ENTRY, "0")) not in ("0", "")
 
 
 class OrtRunner:
