@@ -18,7 +18,21 @@ from typing import Any, Self
 from ..errors import DualExportError
 from ..exporters import DelegationReport
 
-__all__ = ["Proof", "ValueCheck", "Lowered", "Reused", "Patched", "Failed", "Outcome", "Published"]
+__all__ = [
+    "SHARED_PROGRAM",
+    "Proof",
+    "ValueCheck",
+    "Lowered",
+    "Reused",
+    "Patched",
+    "Failed",
+    "Outcome",
+    "Published",
+]
+
+
+#: what a file's proof judges it against unless its target computes a deliberate approximation
+SHARED_PROGRAM = "the shared program"
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ class Proof:
     values: tuple[ValueCheck, ...] = ()
     #: what the outputs were judged against: the shared program, or the approximation the
     #: options asked the target to compute (``Exporter.proof_program``)
-    against: str = "the shared program"
+    against: str = SHARED_PROGRAM
 
     def to_dict(self) -> dict[str, Any]:
         return {

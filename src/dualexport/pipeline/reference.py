@@ -22,6 +22,7 @@ from ..parity.judge import quantization_noise
 from ..runtimes.eager import EagerRunner
 from ..shared_state import SharedProgram
 from ..shared_state.contract import EdgeSizes, is_stateful
+from .outcome import SHARED_PROGRAM
 
 __all__ = ["ProofSet", "Reference", "reference_sets", "approximated"]
 
@@ -52,7 +53,7 @@ class Reference:
     quant_steps: Mapping[int, float | None] = field(default_factory=dict)
     seconds: float = 0.0
     #: what the outputs are of, for messages
-    label: str = "the shared program"
+    label: str = SHARED_PROGRAM
 
 
 def reference_sets(

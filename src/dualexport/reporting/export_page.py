@@ -19,6 +19,7 @@ from ..charts import DELEGATED_COLOR, NOT_DELEGATED_COLOR, BarSeries, bar_chart,
 from ..outputs import atomic_write_text
 from ..pages import Badge, render
 from ..parity.html import ParitySection, parity_section
+from ..pipeline.outcome import SHARED_PROGRAM
 from ..weights.manifest import FAILING_STATUSES
 
 if TYPE_CHECKING:
@@ -215,7 +216,7 @@ def _proof(art: Artifact) -> str:
     if proof is None:
         return "\u2014"
     text = proof.ranges + (f"; ran from disk at {', '.join(proof.edges)}" if proof.edges else "")
-    return text + ("" if proof.against == "the shared program" else f"; judged against {proof.against}")
+    return text + ("" if proof.against == SHARED_PROGRAM else f"; judged against {proof.against}")
 
 
 def _parity_badge(target: str, report: ParityReport | None) -> Badge:
