@@ -27,8 +27,10 @@ dequantized values: what the program computes) in its metadata, and dualexport's
 keep the 8-bit per-token activations) has each int4 linear read its float activation, which the
 kernel quantizes per block of the input dim with int8 arithmetic; the file records level 4.
 Measured on a 2-layer decoder of SmolLM2-135M's shape: decode 129 tok/s at level 0 with the
-activations quantized in the graph, 355 at level 4 (2.75x). The proof then judges the file against
-the program by SNR (the quantized-output rule, parity/tolerances.py: ``quantized_tolerance``).
+activations quantized in the graph, 355 at level 4 (2.75x). The proof then runs the file with its
+weights prepacked (the int8 kernel needs them; without, it computes in float) and judges it against
+the program with float activations (``OnnxExporter.proof_program``), by the SNR the program's own
+activation quantization keeps (parity/tolerances.py: ``quantized_tolerance``).
 """
 
 from __future__ import annotations
