@@ -2,8 +2,10 @@
 decoder's cache-aware program, ``generate`` runs either file greedily, ``generation_parity``
 proves the files generate what the model does.
 
-The cache travels as explicit inputs and outputs (``past_k``/``past_v`` in, ``present_k``/
-``present_v`` out), its layout recorded in each file (``layout.py``).
+The cache travels as explicit inputs and outputs: ``past_k``/``past_v`` in, and out either the
+new rows (``new_k``/``new_v``, which ``generate`` writes at their positions: the default) or the
+whole updated cache (``present_k``/``present_v``, for decoders the rows program does not serve);
+the layout is recorded in each file (``layout.py``).
 """
 
 from __future__ import annotations

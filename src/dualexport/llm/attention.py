@@ -89,6 +89,24 @@ def dualexport_attention(
     d, t, dv = query.shape[3], key.shape[2], value.shape[3]
     rep = heads // kv_heads
     scale = d**-0.5 if scaling is None else scaling
+    from .cache import active_cache
+
+    cache = active_cache()
+    if cache is not None and cache.mode == "rows":  # T + S keys
+        rows_mask = cache.repeated_mask(attention_mask, rep)
+        if rows_mask is None:
+            return _fallback(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                scaling=scaling,
+                dropout=dropout,
+                softcap=softcap,
+                **kwargs,
+            )
+        return _attend_rows(query, key, value, rows_mask, kv_heads, scale, softcap), None
     # [1, H, S, D] -> [Hkv, rep * S, D]: the query heads that share a key/value head are rows of one
     # matrix (heads h = g * rep + r use key/value head g, transformers' repeat_kv order). Reshapes
     # only split or merge next to the dynamic S (merging heads across it makes torch.export guard
@@ -104,6 +122,32 @@ def dualexport_attention(
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = torch.bmm(weights.view(kv_heads, -1, t), v).view(kv_heads, rep, -1, dv)
     return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv), None
+
+
+def _attend_rows(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    kv_heads: int,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """The attention over ``T + S`` keys (both sizes of the scores dynamic): the same rows of one
+    ``bmm`` per key/value head, with the mask already stacked per query head of a group
+    (``[rep * S, T + S]``, broadcast over the key/value heads), so no reshape names two dynamic
+    sizes."""
+    heads, d, dv = query.shape[1], query.shape[3], value.shape[3]
+    rep = heads // kv_heads
+    q = query.contiguous().view(kv_heads, -1, d)
+    k = key.contiguous().view(kv_heads, -1, d)
+    v = value.contiguous().view(kv_heads, -1, dv)
+    scores = torch.bmm(q, k.transpose(1, 2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax((scores + mask).float(), dim=-1).to(query.dtype)
+    out = torch.bmm(weights, v).view(kv_heads, rep, -1, dv)
+    return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv)
 
 
 def additive_mask(
@@ -123,11 +167,19 @@ def additive_mask(
     ``[S, 1]`` query and ``[1, T]`` key positions, then ``(allowed - 1) * max``, which XNNPACK
     takes (``where``/``expand`` it does not). The query positions are the exported program's
     ``cache_position`` when its cache asks (exact for any positions, and no ``arange``). Padding
-    masks and vmap-only mask functions go to transformers' own."""
+    masks and vmap-only mask functions go to transformers' own. With a ``"rows"`` cache the keys
+    are the ``T`` slots then the ``S`` new tokens (``ExplicitCache.rows_mask_terms``), and the
+    2-D mask is remembered for :func:`dualexport_attention`."""
     from transformers.masking_utils import causal_mask_function, eager_mask
 
+    from .cache import RowsUnsupported, active_cache
+
     mask_function = mask_function or causal_mask_function
+    cache = active_cache()
+    rows = cache is not None and cache.mode == "rows"
     if attention_mask is not None or use_vmap or batch_size != 1:
+        if rows:
+            raise RowsUnsupported("a padding mask, a vmap mask function or a batch")
         return eager_mask(
             batch_size=batch_size,
             q_length=q_length,
@@ -140,14 +192,21 @@ def additive_mask(
             use_vmap=use_vmap,
             **kwargs,
         )
-    from .cache import active_cache
-
     zero = torch.zeros(1, 1, dtype=torch.long)
-    cache = active_cache()
     if cache is not None and q_offset is cache.query_offset:  # the positions themselves
         q_idx = cache.position_ids.view(-1, 1)
+    elif rows:
+        raise RowsUnsupported("a mask over other query positions than the cache's")
     else:
         q_idx = (torch.arange(q_length) + q_offset).view(-1, 1)
+    if rows:
+        assert cache is not None
+        kv_idx, keep = cache.rows_mask_terms()
+        allowed = mask_function(zero, zero, q_idx, kv_idx).to(dtype) * keep.to(dtype)
+        mask2d = (allowed - 1.0) * torch.finfo(dtype).max
+        mask = mask2d.unsqueeze(0).unsqueeze(0)
+        cache.remember_mask(mask, mask2d, allowed)
+        return mask
     kv_idx = (torch.arange(kv_length) + kv_offset).view(1, -1)
     allowed = mask_function(zero, zero, q_idx, kv_idx)
     return ((allowed.to(dtype) - 1.0) * torch.finfo(dtype).max).view(1, 1, q_length, kv_length)

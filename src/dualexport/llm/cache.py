@@ -9,9 +9,17 @@ soft-capping and mask functions. transformers is imported only here (``dualexpor
 this module when a wrapper is built).
 
 The layout is absolute: slot ``p`` of every layer holds position ``p`` (a sliding layer keeps all
-``T`` slots and its window is the mask's job), so ``get_mask_sizes`` is ``(T, 0)`` for every layer
-and the update is ``index_copy`` at ``cache_position``, out of place (the new tensor is the
-layer's ``present``).
+``T`` slots and its window is the mask's job). Two ways to hand the update back (``mode``):
+
+* ``"dense"`` / ``"index_copy"``: each layer writes its new states at ``cache_position`` into a
+  new ``[1, Hkv, T, D]`` tensor (out of place), which is the layer's present; the program returns
+  the whole cache, and ``get_mask_sizes`` is ``(T, 0)``.
+* ``"rows"``: each layer attends over ``cat(past, new)`` (``T + S`` keys) and the program returns
+  only the new rows ``[L, 1, Hkv, S, D]``, which the caller writes at ``cache_position``. Why: a
+  decode step then reads the cache once and writes ``S`` rows, where the dense update reads and
+  writes all ``T`` slots of every layer twice more (the measured gap to a runtime-owned cache).
+  The past slots being written now are masked (:meth:`ExplicitCache.rows_mask_terms`), so stale
+  contents of those slots never count; ``get_mask_sizes`` is ``(T + S, 0)``.
 """
 
 from __future__ import annotations
@@ -29,7 +37,23 @@ allow_torchvision()
 
 from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
 
-__all__ = ["ExplicitCache", "RecordingCache", "SUPPORTED_LAYER_TYPES", "active_cache"]
+__all__ = [
+    "ExplicitCache",
+    "RecordingCache",
+    "RowsUnsupported",
+    "SUPPORTED_LAYER_TYPES",
+    "CACHE_MODES",
+    "active_cache",
+]
+
+#: How a layer's update is handed back (see the module docstring).
+CACHE_MODES = ("dense", "index_copy", "rows")
+
+
+class RowsUnsupported(RuntimeError):
+    """A decoder asked the ``"rows"`` cache for something only a whole-cache update serves (a
+    padding mask, a vmap mask, a batch): the export falls back to ``"dense"``."""
+
 
 #: transformers layer types this cache serves: full attention, and windowed attention whose
 #: window (sliding or chunked) the model's own mask function applies over absolute positions.
@@ -70,6 +94,7 @@ class _ExplicitLayer(CacheLayerMixin):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, cache: ExplicitCache, sliding: bool):
         super().__init__()
         self.keys, self.values, self.cache = keys, values, cache
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None  # "rows": the states written now
         self.is_sliding = sliding
         self.is_initialized = True
 
@@ -80,7 +105,12 @@ class _ExplicitLayer(CacheLayerMixin):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.keys is not None and self.values is not None
-        if self.cache.scatter == "index_copy":
+        if self.cache.mode == "rows":
+            if self.new is not None:
+                raise RowsUnsupported("a layer updated its cache twice in one forward")
+            self.new = (key_states.to(self.keys.dtype), value_states.to(self.values.dtype))
+            return torch.cat([self.keys, self.new[0]], 2), torch.cat([self.values, self.new[1]], 2)
+        if self.cache.mode == "index_copy":
             position = self.cache.cache_position
             self.keys = self.keys.index_copy(2, position, key_states.to(self.keys.dtype))
             self.values = self.values.index_copy(2, position, value_states.to(self.values.dtype))
@@ -91,6 +121,8 @@ class _ExplicitLayer(CacheLayerMixin):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         assert self.keys is not None
+        if self.cache.mode == "rows":
+            return self.keys.shape[2] + query_length, 0
         return self.keys.shape[2], 0
 
     def get_seq_length(self) -> Any:
@@ -120,8 +152,8 @@ class ExplicitCache(Cache):
     i.e. taken as contiguous, which is how prefill and decode feed them; the exported attention's
     mask (``attention.additive_mask``) reads the positions themselves, as rotary and learned
     positions do (``position_ids``: ``cache_position`` as ``[1, S]``, passed when the caller made
-    that view already). ``scatter``: how a layer writes its new states, ``"dense"`` (see
-    :class:`_Scatter`) or ``"index_copy"``.
+    that view already). ``mode``: how a layer hands back its new states, one of
+    :data:`CACHE_MODES` (see the module docstring and :class:`_Scatter`).
     """
 
     def __init__(
@@ -130,14 +162,21 @@ class ExplicitCache(Cache):
         past_v: torch.Tensor,
         cache_position: torch.Tensor,
         sliding: Sequence[bool],
-        scatter: str = "dense",
+        mode: str = "dense",
         position_ids: torch.Tensor | None = None,
     ) -> None:
+        if mode not in CACHE_MODES:
+            raise ValueError(f"cache mode {mode!r} is not one of {CACHE_MODES}")
         self.cache_position = cache_position
         self.position_ids = cache_position.view(1, -1) if position_ids is None else position_ids
         self.query_offset = cache_position[0]
-        self.scatter = scatter
+        self.mode = mode
         self._dense: _Scatter | None = None
+        self._rows_terms: tuple[torch.Tensor, torch.Tensor] | None = None
+        # "rows": each 4-D mask handed to the model, by its id (kept, so its id stays its own),
+        # with its 2-D form and the 0/1 matrix it came from; and their repeats per head group
+        self._masks: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._repeated: dict[tuple[int, int], torch.Tensor] = {}
         layers = [_ExplicitLayer(past_k[i], past_v[i], self, bool(s)) for i, s in enumerate(sliding)]
         super().__init__(layers=list[Any](layers))
         self.explicit = layers
@@ -146,6 +185,45 @@ class ExplicitCache(Cache):
         if self._dense is None:
             self._dense = _Scatter(self.position_ids, like.shape[2], like.dtype)
         return self._dense
+
+    def rows_mask_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``"rows"``: the key positions ``[1, T + S]`` (the slots' own, then the new tokens') and
+        ``keep [1, T + S]``, 0 for the past slots written in this call (what they hold is stale:
+        the new rows are the keys at those positions) and 1 elsewhere. Built once per forward
+        from ``cache_position`` only (``sum`` of a one-hot rather than ``any``: float ops)."""
+        if self._rows_terms is None:
+            # from the [S] and [1, S] forms the caller made already (each view more is an op
+            # outside the delegate)
+            positions, row = self.cache_position, self.position_ids
+            slots = self.explicit[0].keys.shape[2]  # type: ignore[union-attr]
+            arange = torch.arange(slots, dtype=positions.dtype)
+            hit = (arange.view(-1, 1) == row).to(torch.float32)
+            keep = torch.cat([1.0 - hit.sum(-1), torch.ones_like(positions, dtype=torch.float32)])
+            self._rows_terms = (torch.cat([arange.view(1, -1), row], 1), keep.view(1, -1))
+        return self._rows_terms
+
+    def remember_mask(self, mask: torch.Tensor, additive: torch.Tensor, allowed: torch.Tensor) -> None:
+        """Keep the 2-D forms of a 4-D mask this forward's mask function returned: ``additive``
+        ``[S, T + S]`` (0 or the dtype's minimum) and the ``allowed`` 0/1 matrix it came from."""
+        self._masks[id(mask)] = (mask, additive, allowed)
+
+    def repeated_mask(self, mask: torch.Tensor, repeats: int) -> torch.Tensor | None:
+        """``mask`` in 2-D with its rows stacked ``repeats`` times (``[repeats * S, T + S]``, the
+        rows of a query-head group's scores), built once per forward; None for a mask this cache
+        did not build. Why not a view of the 4-D mask: ``[1, 1, S, T + S]`` has two dynamic sizes,
+        a reshape XNNPACK does not take. Why each copy computed again from ``allowed``: XNNPACK
+        refuses a concatenation that names one input twice (and the view that would tell them
+        apart has the same two dynamic sizes); these few float ops stay inside the delegate."""
+        entry = self._masks.get(id(mask))
+        if entry is None or entry[0] is not mask:
+            return None
+        key = (id(mask), repeats)
+        if key not in self._repeated:
+            _, additive, allowed = entry
+            low = torch.finfo(additive.dtype).max
+            copies = [additive] + [(allowed - 1.0) * low for _ in range(repeats - 1)]
+            self._repeated[key] = torch.cat(copies) if repeats > 1 else additive
+        return self._repeated[key]
 
     def get_query_offset(self, layer_idx: int = 0) -> Any:
         return self.query_offset
@@ -163,6 +241,15 @@ class ExplicitCache(Cache):
             _ACTIVE.reset(token)
 
     def present(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the program returns: the whole updated cache, or in ``"rows"`` mode the new rows
+        ``[L, 1, Hkv, S, D]``."""
+        if self.mode == "rows":
+            if any(layer.new is None for layer in self.explicit):
+                raise RowsUnsupported("a layer did not update its cache")
+            return (
+                torch.stack([layer.new[0] for layer in self.explicit]),  # type: ignore[index]
+                torch.stack([layer.new[1] for layer in self.explicit]),  # type: ignore[index]
+            )
         keys = [layer.keys for layer in self.explicit]
         values = [layer.values for layer in self.explicit]
         assert all(k is not None for k in keys) and all(v is not None for v in values)

@@ -88,16 +88,19 @@ def export_llm(
     model.eval()
     try:
         layout = probe_layout(model, max_seq_len, label or type(model).__name__)
-        wrapper = DecoderWithCache(model, layout.sliding, "dense" if optimize else "index_copy").eval()
         args = example_inputs(layout)
-        opts = _decoder_options(options, layout, scheme)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
-            _dry_run(wrapper, args, label or type(model).__name__)
+            if optimize:
+                wrapper = _rows_or_dense(model, layout, args, label or type(model).__name__)
+            else:
+                wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
+                _dry_run(wrapper, args, label or type(model).__name__)
 
-            def run(wrapped: nn.Module) -> Any:
+            def run(wrapped: DecoderWithCache) -> Any:
+                kind = "rows" if wrapped.mode == "rows" else "explicit"
                 return api.export(
                     wrapped,
                     args,
@@ -108,7 +111,7 @@ def export_llm(
                     transforms=transforms,
                     strict=strict,
                     optimize=optimize,
-                    options=opts,
+                    options=_decoder_options(options, layout.with_cache(kind), scheme),
                 )
 
             return _run_with_mask_retry(run, wrapper, model, args, label or type(model).__name__)
@@ -130,12 +133,65 @@ def _run_with_mask_retry(
         if "data-dependent" not in str(exc) or not takes_attention_mask(model):
             raise
         logger.info("capture needs a static attention mask (%s); retrying with one", str(exc)[:200])
-        masked = DecoderWithCache(model, wrapper.sliding, wrapper.scatter, padding_mask=True).eval()
+        mode = "dense" if wrapper.mode == "rows" else wrapper.mode  # a padding mask needs the whole cache
+        masked = DecoderWithCache(model, wrapper.sliding, mode, padding_mask=True).eval()
         _dry_run(masked, args, label)
         try:
             return run(masked)
         except CaptureError:
             raise exc from None
+
+
+def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...], label: str) -> Any:
+    """The ``"rows"`` wrapper (the program returns the new rows only) when the decoder computes
+    with it what it computes with the whole cache, else the ``"dense"`` one. Checked eagerly on
+    the example prefill and one decode step after it: logits and the cache rows written must
+    agree. A decoder that asks the cache for what only the whole cache serves (a padding mask, a
+    second update of a layer) raises ``RowsUnsupported`` and gets the dense wrapper."""
+    from .cache import RowsUnsupported
+    from .wrapper import DecoderWithCache
+
+    dense = DecoderWithCache(model, layout.sliding, "dense").eval()
+    _dry_run(dense, args, label)
+    rows = DecoderWithCache(model, layout.sliding, "rows").eval()
+    try:
+        why = _rows_disagree(dense, rows, args)
+    except RowsUnsupported as exc:
+        why = str(exc)
+    except Exception as exc:  # the model's own error under the rows cache: the dense one runs
+        why = f"{type(exc).__name__}: {exc}"
+    if why:
+        logger.info("the cache travels whole (dense): the new-rows program %s", why)
+        return dense
+    return rows
+
+
+def _rows_disagree(dense: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:
+    """Why the rows wrapper does not compute the dense one's values on a prefill then a decode
+    step ('' when it does). Tolerance: float32 round-off of the same ops (the two sum the same
+    keys in another order only through the mask's extra columns, which are zeros)."""
+    ids, positions, past_k, past_v = args
+    n = ids.shape[1]
+    logits_d, present_k, present_v = dense(ids, positions, past_k, past_v)
+    logits_r, new_k, new_v = rows(ids, positions, past_k, past_v)
+    # the slots not written yet hold noise: the rows program must mask them (the dense one
+    # overwrites or masks them itself)
+    noise = torch.Generator().manual_seed(0)
+    written_k = torch.randn(past_k.shape, generator=noise).to(past_k.dtype)
+    written_v = torch.randn(past_v.shape, generator=noise).to(past_v.dtype)
+    written_k[:, :, :, :n], written_v[:, :, :, :n] = new_k, new_v
+    step = (ids[:, -1:], torch.tensor([n]))
+    logits_d2, _, _ = dense(*step, present_k, present_v)
+    logits_r2, _, _ = rows(*step, written_k, written_v)
+    checks = {
+        "prefill logits": (logits_r, logits_d),
+        "cache rows": (written_k[:, :, :, :n], present_k[:, :, :, :n]),
+        "decode logits": (logits_r2, logits_d2),
+    }
+    for what, (got, want) in checks.items():
+        if got.shape != want.shape or not torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-4):
+            return f"computes other {what} than the whole-cache program"
+    return ""
 
 
 def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> None:

@@ -10,12 +10,20 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ArtifactFormatError
 
-__all__ = ["LlmLayout", "LAYOUT_KEY", "INPUT_NAMES", "OUTPUT_NAMES", "read_layout"]
+__all__ = [
+    "LlmLayout",
+    "LAYOUT_KEY",
+    "INPUT_NAMES",
+    "OUTPUT_NAMES",
+    "ROWS_OUTPUT_NAMES",
+    "CACHE_KINDS",
+    "read_layout",
+]
 
 #: The key of the layout: ONNX ``metadata_props[LAYOUT_KEY]`` and the .pte constant method of that
 #: name (returning the JSON's UTF-8 bytes as ints: a constant method returns numbers only).
@@ -23,14 +31,21 @@ LAYOUT_KEY = "dualexport_llm"
 #: The wrapper's inputs and outputs, in order (the ONNX graph's names, the .pte's positions).
 INPUT_NAMES = ("input_ids", "cache_position", "past_k", "past_v")
 OUTPUT_NAMES = ("logits", "present_k", "present_v")
-_VERSION = 1
+#: The outputs of a ``"rows"`` program: the new rows, which the caller writes at cache_position.
+ROWS_OUTPUT_NAMES = ("logits", "new_k", "new_v")
+#: How the cache travels: the whole cache in and out ("explicit"), or the whole cache in and the
+#: new rows out ("rows", version 2).
+CACHE_KINDS = ("explicit", "rows")
+_VERSION = 2
 
 
 @dataclass(frozen=True)
 class LlmLayout:
     """``past_k`` is ``[layers, 1, kv_heads, max_seq_len, head_dim]`` (``past_v`` with
     ``v_head_dim``), slot ``p`` holding position ``p``; ``input_ids[1, S]`` and
-    ``cache_position[S]`` with ``1 <= S <= max_seq_len - 1``; logits ``[1, S, vocab]``."""
+    ``cache_position[S]`` with ``1 <= S <= max_seq_len - 1``; logits ``[1, S, vocab]``.
+    ``cache``: ``"explicit"`` returns the updated cache, ``"rows"`` the new rows
+    ``[layers, 1, kv_heads, S, head_dim]`` for the caller to write at ``cache_position``."""
 
     layers: int
     kv_heads: int
@@ -44,8 +59,15 @@ class LlmLayout:
     model: str = ""
     inputs: tuple[str, ...] = INPUT_NAMES
     outputs: tuple[str, ...] = OUTPUT_NAMES
-    cache: str = "explicit"  # how the cache travels: "explicit" inputs and outputs
+    cache: str = "explicit"  # how the cache travels: one of CACHE_KINDS
     version: int = field(default=_VERSION)
+
+    def with_cache(self, kind: str) -> LlmLayout:
+        """This layout for a program whose cache travels as ``kind`` (one of :data:`CACHE_KINDS`)."""
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"cache kind {kind!r} is not one of {CACHE_KINDS}")
+        outputs = ROWS_OUTPUT_NAMES if kind == "rows" else OUTPUT_NAMES
+        return replace(self, cache=kind, outputs=outputs, version=_VERSION)
 
     @property
     def max_prompt(self) -> int:
@@ -73,9 +95,10 @@ class LlmLayout:
                 f"{source} has an unreadable decoder layout: {exc}",
                 hint="re-export it with dx.export_llm",
             ) from exc
-        if layout.version > _VERSION:
+        if layout.version > _VERSION or layout.cache not in CACHE_KINDS:
             raise ArtifactFormatError(
-                f"{source} was written by a newer dualexport (layout version {layout.version})",
+                f"{source} was written by a newer dualexport (layout version {layout.version}, "
+                f"cache {layout.cache!r})",
                 hint="upgrade dualexport",
             )
         return layout

@@ -75,7 +75,8 @@ class Generation:
 class DecoderSession:
     """One file, loaded once, with its cache: ``step(ids)`` runs the program on the next tokens and
     returns their logits ``[len(ids), vocab]``; ``reset()`` empties the cache. A session keeps no
-    state in the runtime: the cache is the program's input and output (design (a))."""
+    state in the runtime: the cache is the program's input, and its output is either the whole
+    updated cache or (``layout.cache == "rows"``) the new rows, written here in place."""
 
     def __init__(self, runner: Any, layout: LlmLayout, label: str = "the program") -> None:
         self.runner, self.layout, self.label = runner, layout, label
@@ -125,7 +126,12 @@ class DecoderSession:
             )
         tokens = torch.tensor([list(ids)], dtype=torch.long)
         position = torch.arange(self.position, self.position + n, dtype=torch.long)
-        logits, self.past_k, self.past_v = self.runner.run([tokens, position, self.past_k, self.past_v])
+        logits, k, v = self.runner.run([tokens, position, self.past_k, self.past_v])
+        if self.layout.cache == "rows":  # the new rows, written here at their positions
+            self.past_k[:, :, :, self.position : self.position + n] = k
+            self.past_v[:, :, :, self.position : self.position + n] = v
+        else:
+            self.past_k, self.past_v = k, v
         self.position += n
         return logits[0]
 

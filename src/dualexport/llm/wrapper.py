@@ -1,5 +1,7 @@
 """The cache-aware program of a decoder: ``forward(input_ids[1,S], cache_position[S], past_k, past_v)
--> (logits[1,S,V], present_k, present_v)``, one trace for prefill (S > 1) and decode (S = 1).
+-> (logits[1,S,V], new_k, new_v)``, one trace for prefill (S > 1) and decode (S = 1); ``new_k``
+is the new rows ``[L, 1, Hkv, S, D]`` (the ``"rows"`` cache, which the caller writes at
+``cache_position``) or the whole updated cache (``"dense"``, ``"index_copy"``).
 
 Why explicit cache tensors (design (a) of issue 19): both targets then compute the same pure
 function. A cache kept in mutable buffers is updated in place by ExecuTorch but silently dropped
@@ -76,20 +78,21 @@ def sliding_layers(model: nn.Module, layers: int) -> tuple[bool, ...]:
 
 class DecoderWithCache(nn.Module):
     """Drives ``model``'s own forward with an :class:`~dualexport.llm.cache.ExplicitCache` over the
-    given tensors, and returns the logits and the updated cache. Changes nothing in ``model``.
-    ``scatter``: how the cache is written (``"dense"``, or ``"index_copy"`` as the plain design).
+    given tensors, and returns the logits and the cache update. Changes nothing in ``model``.
+    ``mode``: how the update is handed back (``"rows"``: the new rows only; ``"dense"``: the
+    whole updated cache; ``"index_copy"``: the same as the plain design writes it).
     ``padding_mask``: also pass ``attention_mask``, all ones over the cache's length (no padding),
     for a decoder that otherwise builds its own from ``past length + S`` (BioGPT:
     ``torch.ones(batch, past + S)`` with the past length a traced value, a size torch.export
     cannot capture); a static shape, the same mask."""
 
     def __init__(
-        self, model: nn.Module, sliding: Sequence[bool], scatter: str = "dense", padding_mask: bool = False
+        self, model: nn.Module, sliding: Sequence[bool], mode: str = "dense", padding_mask: bool = False
     ) -> None:
         super().__init__()
         self.model = model
         self.sliding = tuple(bool(s) for s in sliding)
-        self.scatter = scatter
+        self.mode = mode
         self.padding_mask = padding_mask
 
     def forward(
@@ -103,7 +106,7 @@ class DecoderWithCache(nn.Module):
 
         position_ids = cache_position.unsqueeze(0)
         cache = ExplicitCache(
-            past_k, past_v, cache_position, self.sliding, scatter=self.scatter, position_ids=position_ids
+            past_k, past_v, cache_position, self.sliding, mode=self.mode, position_ids=position_ids
         )
         given: dict[str, Any] = {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         if self.padding_mask:
@@ -111,7 +114,7 @@ class DecoderWithCache(nn.Module):
         kwargs = _accepted_kwargs(self.model, given)
         with cache.active():
             logits = _logits(self.model(input_ids=input_ids, **kwargs))
-        present_k, present_v = cache.present()
+        present_k, present_v = cache.present()  # the new rows in "rows" mode
         return logits, present_k, present_v
 
 
