@@ -384,6 +384,25 @@ def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:
         dx.generate(tmp_path / "m.onnx", [1], max_new_tokens=1)
 
 
+def test_layout_versions() -> None:
+    """A version-1 layout (whole cache out, before the rows cache) still reads; a cache kind or
+    version this dualexport does not know is refused, saying to upgrade."""
+    import json
+
+    from dualexport.llm.layout import LlmLayout
+
+    v1 = dict(layers=2, kv_heads=2, head_dim=16, v_head_dim=16, max_seq_len=32, vocab=256, dtype="float32")
+    v1 |= dict(outputs=["logits", "present_k", "present_v"], cache="explicit", version=1)
+    old = LlmLayout.from_json(json.dumps(v1))
+    assert old.cache == "explicit" and old.version == 1
+    rows = old.with_cache("rows")
+    assert (rows.cache, rows.outputs[1:], rows.version) == ("rows", ("new_k", "new_v"), 2)
+    assert LlmLayout.from_json(rows.to_json()) == rows
+    for bad in ({**v1, "cache": "paged"}, {**v1, "version": 99}):
+        with pytest.raises(ArtifactFormatError, match="newer dualexport"):
+            LlmLayout.from_json(json.dumps(bad))
+
+
 # ------------------------------------------------------------------ a user's own decoder module
 class UserBlock(torch.nn.Module):
     """Attention with learned positions and SDPA, written against the cache protocol only:
@@ -445,13 +464,17 @@ def user_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("target", ["onnx", pytest.param("xnnpack", marks=pytest.mark.slow)])
 def test_users_own_decoder_module(target: str, tmp_path: pathlib.Path) -> None:
-    """Not transformers: a module with the same forward exports and generates its own tokens."""
+    """Not transformers: a module with the same forward exports and generates its own tokens.
+    Its mask compares slot indices with positions, which holds only for the whole cache: the
+    eager check before the trace sends it to the dense program (the rows one would attend to the
+    empty slots at the new positions), and the file says so."""
     torch.manual_seed(3)
     model = UserDecoder().eval()
     res = dx.export_llm(model, max_seq_len=24, out_dir=tmp_path, name="user", target=target)
     assert res.ok, dict(res.errors)
     layout = read_layout(res.artifacts[target].path)
     assert (layout.layers, layout.kv_heads, layout.head_dim, layout.vocab) == (2, 2, 16, 96)
+    assert (layout.cache, layout.outputs) == ("explicit", ("logits", "present_k", "present_v"))
     for prompt in ([5, 9, 1], list(range(40, 56))):
         want = user_greedy(model, prompt, 6)
         assert len(set(want[len(prompt) :])) >= 3
