@@ -66,7 +66,7 @@ def dualexport_attention(
     transformers' attention functions return)."""
     unknown = {k for k, v in kwargs.items() if v is not None and k not in _KNOWN}
     heads, kv_heads = query.shape[1], key.shape[1]
-    if (
+    fallback = bool(
         unknown
         or attention_mask is None
         or attention_mask.dtype == torch.bool
@@ -74,7 +74,16 @@ def dualexport_attention(
         or query.shape[0] != 1
         or heads % kv_heads
         or (dropout and module.training)
-    ):
+    )
+    from .cache import active_cache
+
+    cache = active_cache()
+    rows_mask = None
+    if not fallback and cache is not None and cache.mode == "rows":  # T + S keys
+        assert attention_mask is not None
+        rows_mask = cache.repeated_mask(attention_mask, heads // kv_heads)
+        fallback = rows_mask is None  # a mask the cache did not build
+    if fallback:
         return _fallback(
             module,
             query,
@@ -86,68 +95,30 @@ def dualexport_attention(
             softcap=softcap,
             **kwargs,
         )
+    assert attention_mask is not None
     d, t, dv = query.shape[3], key.shape[2], value.shape[3]
     rep = heads // kv_heads
     scale = d**-0.5 if scaling is None else scaling
-    from .cache import active_cache
-
-    cache = active_cache()
-    if cache is not None and cache.mode == "rows":  # T + S keys
-        rows_mask = cache.repeated_mask(attention_mask, rep)
-        if rows_mask is None:
-            return _fallback(
-                module,
-                query,
-                key,
-                value,
-                attention_mask,
-                scaling=scaling,
-                dropout=dropout,
-                softcap=softcap,
-                **kwargs,
-            )
-        return _attend_rows(query, key, value, rows_mask, kv_heads, scale, softcap), None
     # [1, H, S, D] -> [Hkv, rep * S, D]: the query heads that share a key/value head are rows of one
     # matrix (heads h = g * rep + r use key/value head g, transformers' repeat_kv order). Reshapes
     # only split or merge next to the dynamic S (merging heads across it makes torch.export guard
-    # on strides and refuse S = 1).
-    q = query.contiguous().view(kv_heads, -1, d)
-    k = key.contiguous().view(kv_heads, t, d)
-    v = value.contiguous().view(kv_heads, t, dv)
-    scores = torch.bmm(q, k.transpose(1, 2)) * scale
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    # the mask [1, 1, S, T] broadcasts over [Hkv, rep, S, T]
-    scores = scores.view(kv_heads, rep, -1, t) + attention_mask
-    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    out = torch.bmm(weights.view(kv_heads, -1, t), v).view(kv_heads, rep, -1, dv)
-    return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv), None
-
-
-def _attend_rows(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor,
-    kv_heads: int,
-    scale: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    """The attention over ``T + S`` keys (both sizes of the scores dynamic): the same rows of one
-    ``bmm`` per key/value head, with the mask already stacked per query head of a group
-    (``[rep * S, T + S]``, broadcast over the key/value heads), so no reshape names two dynamic
-    sizes."""
-    heads, d, dv = query.shape[1], query.shape[3], value.shape[3]
-    rep = heads // kv_heads
+    # on strides and refuse S = 1); the keys' length is -1 (T + S is dynamic with the rows cache).
     q = query.contiguous().view(kv_heads, -1, d)
     k = key.contiguous().view(kv_heads, -1, d)
     v = value.contiguous().view(kv_heads, -1, dv)
     scores = torch.bmm(q, k.transpose(1, 2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    weights = torch.softmax((scores + mask).float(), dim=-1).to(query.dtype)
+    if rows_mask is not None:
+        # [rep * S, T + S], stacked per query head of a group, broadcasts over Hkv: the 4-D mask
+        # would need a reshape naming two dynamic sizes, which XNNPACK does not take
+        scores = scores + rows_mask
+    else:
+        # the mask [1, 1, S, T] broadcasts over [Hkv, rep, S, T]
+        scores = (scores.view(kv_heads, rep, -1, t) + attention_mask).view(kv_heads, -1, t)
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = torch.bmm(weights, v).view(kv_heads, rep, -1, dv)
-    return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv)
+    return out.permute(2, 0, 1, 3).contiguous().view(1, -1, heads, dv), None
 
 
 def additive_mask(

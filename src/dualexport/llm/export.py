@@ -152,10 +152,10 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
     from .wrapper import DecoderWithCache
 
     dense = DecoderWithCache(model, layout.sliding, "dense").eval()
-    _dry_run(dense, args, label)
+    prefill = _dry_run(dense, args, label)
     rows = DecoderWithCache(model, layout.sliding, "rows").eval()
     try:
-        why = _rows_disagree(dense, rows, args)
+        why = _rows_disagree(dense, prefill, rows, args)
     except RowsUnsupported as exc:
         why = str(exc)
     except Exception as exc:  # the model's own error under the rows cache: the dense one runs
@@ -166,13 +166,14 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
     return rows
 
 
-def _rows_disagree(dense: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:
-    """Why the rows wrapper does not compute the dense one's values on a prefill then a decode
-    step ('' when it does). Tolerance: float32 round-off of the same ops (the two sum the same
-    keys in another order only through the mask's extra columns, which are zeros)."""
+def _rows_disagree(dense: Any, prefill: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:
+    """Why the rows wrapper does not compute the dense one's values on a prefill (``prefill``:
+    the dense wrapper's outputs on ``args``) then a decode step ('' when it does). Tolerance:
+    float32 round-off of the same ops (the two sum the same keys in another order only through
+    the mask's extra columns, which are zeros)."""
     ids, positions, past_k, past_v = args
     n = ids.shape[1]
-    logits_d, present_k, present_v = dense(ids, positions, past_k, past_v)
+    logits_d, present_k, present_v = prefill
     logits_r, new_k, new_v = rows(ids, positions, past_k, past_v)
     # the slots not written yet hold noise: the rows program must mask them (the dense one
     # overwrites or masks them itself)
@@ -194,12 +195,12 @@ def _rows_disagree(dense: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str
     return ""
 
 
-def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> None:
-    """One eager call of the cache wrapper on the example inputs before the trace: a decoder that
-    cannot run with a fixed-length cache fails here with its own error, named as such, and not
-    later as a program that does not run on inputs the user never chose."""
+def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> Any:
+    """One eager call of the cache wrapper on the example inputs before the trace (its outputs
+    returned): a decoder that cannot run with a fixed-length cache fails here with its own error,
+    named as such, and not later as a program that does not run on inputs the user never chose."""
     try:
-        wrapper(*args)
+        return wrapper(*args)
     except DualExportError:
         raise
     except Exception as exc:
