@@ -24,6 +24,12 @@ files.
   with "XNNPACK reshape only supports 1 dynamic dimension", plain ExecuTorch as well.
   ``partitioner_configs`` carries the visitor's condition into the partitioner: such an
   unsqueeze stays outside the delegate.
+* ``GeluConfig`` takes ``gelu`` whatever its ``approximate``, and the node visitor writes
+  XNNPACK's exact (erf) GELU: ``gelu(x, approximate="tanh")`` (transformers'
+  ``gelu_pytorch_tanh``: Gemma, Starcoder2) silently became the exact GELU in the .pte (a 2-layer
+  Starcoder2: logits off by 1.3e-3, tokens still equal). The partitioner now leaves the tanh form
+  to ExecuTorch's portable kernel, which honours it; with dualexport's XNNPACK rewrites it never
+  gets there (``xnnpack_rewrites._tanh_gelu`` writes it as the elementwise ops it is).
 """
 
 from __future__ import annotations
@@ -120,9 +126,13 @@ def own_dicts(program: Any) -> Iterator[None]:
 
 def partitioner_configs() -> list[Any]:
     """ExecuTorch's XNNPACK partitioner configs, the unsqueeze one refusing what its node visitor
-    cannot write (an output with more than one dynamic dim)."""
+    cannot write (an output with more than one dynamic dim), the GELU one refusing the tanh
+    approximation its visitor drops."""
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import UnsqueezeCopyConfig
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import (
+        GeluConfig,
+        UnsqueezeCopyConfig,
+    )
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
     class UnsqueezeWithinReshapeLimits(UnsqueezeCopyConfig):
@@ -132,4 +142,11 @@ def partitioner_configs() -> list[Any]:
                 return False
             return bool(super().check_constraints(node, ep))
 
-    return [UnsqueezeWithinReshapeLimits if c is UnsqueezeCopyConfig else c for c in ALL_PARTITIONER_CONFIGS]
+    class ExactGeluOnly(GeluConfig):
+        def check_constraints(self, node: Any, ep: Any) -> bool:
+            if node.kwargs.get("approximate", "none") != "none" or any(a != "none" for a in node.args[1:]):
+                return False
+            return bool(super().check_constraints(node, ep))
+
+    swap = {UnsqueezeCopyConfig: UnsqueezeWithinReshapeLimits, GeluConfig: ExactGeluOnly}
+    return [swap.get(c, c) for c in ALL_PARTITIONER_CONFIGS]

@@ -431,6 +431,17 @@ def _pow(x: torch.Tensor, exponent: Any) -> Any:
     return y
 
 
+def _tanh_gelu(x: torch.Tensor, approximate: str = "none") -> Any:
+    """``gelu(x, approximate="tanh")`` as its definition, ``0.5 x (1 + tanh(sqrt(2/pi) (x +
+    0.044715 x^3)))``: XNNPACK's GELU is the exact one and ExecuTorch's visitor drops
+    ``approximate`` (``xnnpack_fixes.partitioner_configs``); these ops stay in the delegate."""
+    if approximate != "tanh" or x.dtype != torch.float32:
+        return NotImplemented
+    cube = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(x, x), x), 0.044715)
+    inner = aten.mul.Tensor(aten.add.Tensor(x, cube), 0.7978845608028654)
+    return aten.mul.Tensor(aten.mul.Tensor(x, 0.5), aten.add.Tensor(aten.tanh.default(inner), 1.0))
+
+
 def _scalar_as_tensor_op(op: Any) -> Callable[..., Any]:
     """``add``/``sub``/``mul``/``div`` with a Python scalar (``.Scalar`` overloads: torch's own
     ``nn.RMSNorm`` adds its eps so) as the ``.Tensor`` overload, the one XNNPACK's configs name."""
@@ -476,6 +487,7 @@ views_for_shape_ops: dict[Any, Callable[..., Any]] = {
 elementwise: dict[Any, Callable[..., Any]] = {
     aten.pow.Tensor_Scalar: _pow,
     aten.hardsigmoid.default: _hardsigmoid,
+    aten.gelu.default: _tanh_gelu,
     aten.add.Scalar: _scalar_as_tensor_op(aten.add.Tensor),
     aten.sub.Scalar: _scalar_as_tensor_op(aten.sub.Tensor),
     aten.mul.Scalar: _scalar_as_tensor_op(aten.mul.Tensor),
