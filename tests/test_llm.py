@@ -1,4 +1,4 @@
-"""Generative decoders (issue 19, step 1): ``dx.export_llm`` on ten transformers architectures
+"""Generative decoders (issue 19, step 1): ``dx.export_llm`` on eleven transformers architectures
 (tiny configs, seeded random weights), both targets from one trace; ``dx.generate`` on each file
 against transformers' own ``generate``; teacher-forced logits; refusal past ``max_seq_len``; the
 weight proof; XNNPACK delegation; the CLI. One export per architecture, shared by its checks;
@@ -71,6 +71,9 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     # interleaved rotary (x[..., ::2], x[..., 1::2] stacked) and an RMSNorm epsilon of 1e-8, which
     # onnxscript's no-op rule took for 0 (NaN logits in the .onnx before the exact identities)
     "helium": ("HeliumConfig", "HeliumForCausalLM", {**COMMON, "head_dim": 16, "pad_token_id": 0}),
+    # LayerNorm with bias, transformers' gelu_pytorch_tanh: the GELU that ExecuTorch's visitor
+    # wrote as the exact one (logits off by 1.3e-3 in the .pte before the partitioner fix)
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {**COMMON, "initializer_range": 0.2}),
     # learned positions, tied head, MHA; the default init (0.02) gives one repeated token
     "gpt2": (
         "GPT2Config",
