@@ -318,9 +318,10 @@ def test_refusals_before_tracing(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_decoder_that_cannot_run_is_refused_as_the_models_problem(tmp_path: pathlib.Path) -> None:
-    """A config whose sizes disagree fails on the layout probe, and a decoder whose bias is
-    sized by the tokens seen (Falcon with ALiBi) fails the dry run with a fixed-length cache:
-    both as InputError naming the model's own error, before any trace, nothing written."""
+    """A config whose sizes disagree fails on the layout probe, a decoder whose bias is sized by
+    the tokens seen (Falcon with ALiBi) fails the dry run with a fixed-length cache, and one that
+    runs with it but computes other logits than its own uncached forward (GPT-Neo) is refused
+    too: all as InputError naming the model's problem, before any trace, nothing written."""
     import transformers
 
     torch.manual_seed(0)
@@ -337,7 +338,23 @@ def test_a_decoder_that_cannot_run_is_refused_as_the_models_problem(tmp_path: pa
     with pytest.raises(InputError, match="fixed-length cache") as info:
         dx.export_llm(alibi, max_seq_len=16, out_dir=tmp_path / "b")
     assert "alibi" in info.value.hint
-    assert not any((tmp_path / d).exists() for d in "ab")
+    # GPT-Neo slices its causal bias by the key length (the cache's T here, not the tokens seen):
+    # it runs, and computes other logits than its own uncached forward, so it is refused
+    neo = transformers.GPTNeoForCausalLM(
+        transformers.GPTNeoConfig(
+            vocab_size=256,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            max_position_embeddings=64,
+            attention_types=[[["global", "local"], 1]],
+            window_size=8,
+        )
+    ).eval()
+    with pytest.raises(InputError, match="without a cache") as info:
+        dx.export_llm(neo, max_seq_len=16, out_dir=tmp_path / "c")
+    assert "dx.export" in info.value.hint
+    assert not any((tmp_path / d).exists() for d in "abc")
 
 
 def test_reference_sides_with_the_models_uncached_forward() -> None:
@@ -366,6 +383,10 @@ def test_reference_sides_with_the_models_uncached_forward() -> None:
     assert ref == uncached and "step 1" in note
     hf = Toy().generate(torch.tensor([[1]]), 3)[0, 1:].tolist()
     assert _hf_reference(Toy(), [1], 3, eager=hf) == (hf, "")
+    # the uncached reference stops after an end-of-sequence id, as the sessions do (Ernie 4.5,
+    # eos 2, compared 8 uncached tokens with the files' 6 and failed with every token equal)
+    ref, note = _hf_reference(Toy(), [1], 3, eager=[2, 3], eos=(3,))
+    assert ref == [2, 3] and "step 1" in note
 
 
 def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:

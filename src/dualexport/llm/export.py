@@ -97,7 +97,8 @@ def export_llm(
                 wrapper = _rows_or_dense(model, layout, args, label or type(model).__name__)
             else:
                 wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
-                _dry_run(wrapper, args, label or type(model).__name__)
+                prefill = _dry_run(wrapper, args, label or type(model).__name__)
+                _check_against_model(model, wrapper, prefill, args, label or type(model).__name__)
 
             def run(wrapped: DecoderWithCache) -> Any:
                 kind = "rows" if wrapped.mode == "rows" else "explicit"
@@ -153,6 +154,7 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
 
     dense = DecoderWithCache(model, layout.sliding, "dense").eval()
     prefill = _dry_run(dense, args, label)
+    _check_against_model(model, dense, prefill, args, label)
     rows = DecoderWithCache(model, layout.sliding, "rows").eval()
     try:
         why = _rows_disagree(dense, prefill, rows, args)
@@ -164,6 +166,44 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
         logger.info("the cache travels whole (dense): the new-rows program %s", why)
         return dense
     return rows
+
+
+def _check_against_model(
+    model: nn.Module, wrapper: Any, prefill: Any, args: tuple[torch.Tensor, ...], label: str
+) -> None:
+    """Refuse a decoder that computes other logits with the fixed-length cache than its own
+    forward without a cache, on the example prefill and one decode step: its attention sizes a
+    mask or bias by the tokens seen (GPT-Neo's local attention slices its causal bias by the
+    key length, which is the cache's ``max_seq_len`` here), so the files would generate other
+    tokens than the model. ``wrapper`` returns the whole cache; ``prefill`` is its output on
+    ``args``. A forward that cannot run without a cache is not checked (logged). Tolerance:
+    1e-3 of the logits' scale (two attention implementations of the same function)."""
+    from .wrapper import _accepted_kwargs, _logits
+
+    ids, positions, _, _ = args
+    n = ids.shape[1]
+    logits, present_k, present_v = prefill
+    nxt = logits[:, -1:].argmax(-1)
+    try:
+        plain = _accepted_kwargs(model, {"use_cache": False})
+        want = _logits(model(input_ids=ids, **plain))
+        want_step = _logits(model(input_ids=torch.cat([ids, nxt], 1), **plain))[:, -1:]
+    except Exception as exc:  # a forward that needs its cache: nothing to compare with
+        logger.info("not compared with the model's uncached forward: %s: %s", type(exc).__name__, exc)
+        return
+    step = _logits(wrapper(nxt, torch.tensor([n]), present_k, present_v)[0])
+    for what, got, ref in (("the prompt", logits, want), ("the next token", step, want_step)):
+        bound = 1e-3 * max(1.0, float(ref.abs().max()))
+        err = float((got.float() - ref.float()).abs().max()) if got.shape == ref.shape else float("inf")
+        if not err <= bound:
+            raise InputError(
+                f"{label} computes other logits for {what} with export_llm's fixed-length cache "
+                f"than its own forward without a cache (max abs {err:.3g}, bound {bound:.3g}): its "
+                "attention sizes a mask or bias by the tokens seen, not by the cache positions",
+                hint="export_llm needs a decoder whose mask comes from the cache (transformers' "
+                "create_causal_mask); GPT-Neo's local attention bias is sliced by the key length: "
+                "export the model as a stateless forward with dx.export",
+            )
 
 
 def _rows_disagree(dense: Any, prefill: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:

@@ -295,21 +295,26 @@ def _reference_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int) 
     return [int(t) for t in out[0, len(prompt) :]]
 
 
-def _uncached_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+def _uncached_tokens(
+    model: nn.Module, prompt: list[int], max_new_tokens: int, eos: Sequence[int] = ()
+) -> list[int]:
     """Greedy tokens from the model's forward over the whole sequence at every step, no cache:
-    what the model computes, whatever any cache implementation does."""
+    what the model computes, whatever any cache implementation does. Stops after an
+    end-of-sequence id, as ``generate`` and the sessions do."""
     seq = torch.tensor([prompt])
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
             logits = model(input_ids=seq, use_cache=False).logits[0, -1]
             out.append(int(logits.argmax()))
+            if out[-1] in eos:
+                break
             seq = torch.cat([seq, torch.tensor([[out[-1]]])], dim=1)
     return out
 
 
 def _hf_reference(
-    model: nn.Module, prompt: list[int], max_new_tokens: int, eager: list[int]
+    model: nn.Module, prompt: list[int], max_new_tokens: int, eager: list[int], eos: Sequence[int] = ()
 ) -> tuple[list[int], str]:
     """transformers.generate's tokens, unless they differ from the shared program's and the
     model's own uncached forward sides with the program: then generate's cache is what departs
@@ -319,7 +324,7 @@ def _hf_reference(
     if hf == eager:
         return hf, ""
     try:
-        uncached = _uncached_tokens(model, prompt, max_new_tokens)
+        uncached = _uncached_tokens(model, prompt, max_new_tokens, eos)
     except (TypeError, ValueError, AttributeError):  # a forward without use_cache or .logits
         return hf, ""
     if uncached == hf:
@@ -383,7 +388,7 @@ def generation_parity(
         free = {name: g.new_tokens for name, g in runs.items()}
         eager_margins = top2_margin(runs["eager"].logits).tolist()
         reference, note = (
-            _hf_reference(model, prompt, max_new_tokens, free["eager"])
+            _hf_reference(model, prompt, max_new_tokens, free["eager"], layout.eos_token_ids)
             if use_hf and model
             else (free["eager"], "")
         )
