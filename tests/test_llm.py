@@ -255,41 +255,6 @@ def test_stale_cache_slots_never_count(llm: Exported) -> None:
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (llm.arch, target, ids)
 
 
-def test_each_call_reads_only_the_positions_used(llm: Exported) -> None:
-    """The rows program takes the cache's first P slots (P dynamic, the position rounded up to
-    the layout's ``past_step``): a session passes that prefix, and any longer one, noise in the
-    extra slots included, gives the same logits on both files."""
-    import onnx
-
-    prompt = prompts()[0]
-    for target, art in llm.res.artifacts.items():
-        layout = read_layout(art.path)
-        assert layout.past_step == T // 4, layout  # 8 slots per prefix step at T = 32
-        if target == "onnx":
-            graph = onnx.load(str(art.path), load_external_data=False).graph
-            past = next(i for i in graph.input if i.name == "past_k")
-            assert past.type.tensor_type.shape.dim[3].dim_param, "the past length is not dynamic"
-        session = DecoderSession.open(art.path)
-        session.step(prompt)
-        pos = session.position
-        noise = torch.Generator().manual_seed(3)
-        session.past_k[:, :, :, pos:] = torch.randn(session.past_k[:, :, :, pos:].shape, generator=noise) * 10
-        session.past_v[:, :, :, pos:] = torch.randn(session.past_v[:, :, :, pos:].shape, generator=noise) * 10
-        ids, where = torch.tensor([[7]]), torch.tensor([pos])
-        outs = {
-            slots: session.runner.run(
-                [ids, where, session.past_k[:, :, :, :slots], session.past_v[:, :, :, :slots]]
-            )[0]
-            for slots in sorted(
-                {layout.past_length(pos), min(T, layout.past_length(pos) + layout.past_step), T}
-            )
-        }
-        assert min(outs) == layout.past_length(pos) < T
-        want = outs[T]
-        for slots, got in outs.items():
-            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (llm.arch, target, slots)
-
-
 # --------------------------------------------------------------------- one architecture only
 @pytest.fixture
 def llama(exports: Any) -> Exported:
@@ -457,12 +422,6 @@ def test_layout_versions() -> None:
     rows = old.with_cache("rows")
     assert (rows.cache, rows.outputs[1:], rows.version) == ("rows", ("new_k", "new_v"), 2)
     assert LlmLayout.from_json(rows.to_json()) == rows
-    # a layout without past_step (written before the prefix cache) passes all slots
-    assert rows.past_step == 0 and rows.past_length(5) == 32
-    prefix = old.with_past_step(8).with_cache("rows")
-    assert [prefix.past_length(p) for p in (0, 1, 8, 9, 31)] == [8, 8, 8, 16, 32]
-    assert prefix.with_cache("explicit").past_step == 0  # the whole cache out: all slots in
-    assert LlmLayout.from_json(prefix.to_json()) == prefix
     for bad in ({**v1, "cache": "paged"}, {**v1, "version": 99}):
         with pytest.raises(ArtifactFormatError, match="newer dualexport"):
             LlmLayout.from_json(json.dumps(bad))

@@ -79,7 +79,7 @@ def export_llm(
     """
     from .. import api
     from .attention import exported_attention
-    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, past_step, probe_layout
+    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
 
     model, label = _resolve_model(model)
     scheme = _checked_scheme(quantize, optimize)
@@ -93,56 +93,31 @@ def export_llm(
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
-            step = past_step(layout.max_seq_len) if optimize else 0
             if optimize:
-                wrapper = _rows_or_dense(
-                    model, layout.with_past_step(step), args, label or type(model).__name__
-                )
+                wrapper = _rows_or_dense(model, layout, args, label or type(model).__name__)
             else:
                 wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
                 prefill = _dry_run(wrapper, args, label or type(model).__name__)
                 _check_against_model(model, wrapper, prefill, args, label or type(model).__name__)
 
-            def export(wrapped: DecoderWithCache, step: int) -> Any:
+            def run(wrapped: DecoderWithCache) -> Any:
                 kind = "rows" if wrapped.mode == "rows" else "explicit"
-                lay = layout.with_past_step(step).with_cache(kind)
                 return api.export(
                     wrapped,
                     args,
                     target=target,
                     out_dir=out_dir,
                     name=name,
-                    dynamic_shapes=dynamic_shapes(lay),
+                    dynamic_shapes=dynamic_shapes(layout),
                     transforms=transforms,
                     strict=strict,
                     optimize=optimize,
-                    options=_decoder_options(options, lay, scheme),
+                    options=_decoder_options(options, layout.with_cache(kind), scheme),
                 )
-
-            def run(wrapped: DecoderWithCache) -> Any:
-                return _with_prefix_or_whole(export, wrapped, step if wrapped.mode == "rows" else 0)
 
             return _run_with_mask_retry(run, wrapper, model, args, label or type(model).__name__)
     finally:
         model.train(was_training)
-
-
-def _with_prefix_or_whole(export: Any, wrapper: Any, step: int) -> Any:
-    """Export with the cache passed by prefixes of ``step`` slots (a dynamic past length: each
-    call reads the positions used, not all ``max_seq_len`` slots); a decoder that cannot be
-    traced or lowered so (a guard on the past length, an op a target takes only with static
-    sizes) is exported again with all slots, the program of version 2 files."""
-    if not step:
-        return export(wrapper, 0)
-    try:
-        res = export(wrapper, step)
-    except CaptureError as exc:
-        logger.info("the cache travels whole: a dynamic past length does not trace (%s)", str(exc)[:300])
-        return export(wrapper, 0)
-    if res.ok:
-        return res
-    logger.info("the cache travels whole: with a dynamic past length %s", dict(res.errors))
-    return export(wrapper, 0)
 
 
 def _run_with_mask_retry(
@@ -182,13 +157,7 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
     _check_against_model(model, dense, prefill, args, label)
     rows = DecoderWithCache(model, layout.sliding, "rows").eval()
     try:
-        # the decode step at position n gets a prefix longer than n (noise in the extra slots):
-        # any prefix of at least n slots must give the same logits
-        n = args[0].shape[1]
-        slots = (
-            min(layout.max_seq_len, layout.past_length(n) + layout.past_step) if layout.past_step else None
-        )
-        why = _rows_disagree(dense, prefill, rows, args, slots)
+        why = _rows_disagree(dense, prefill, rows, args)
     except RowsUnsupported as exc:
         why = str(exc)
     except Exception as exc:  # the model's own error under the rows cache: the dense one runs
@@ -237,12 +206,9 @@ def _check_against_model(
             )
 
 
-def _rows_disagree(
-    dense: Any, prefill: Any, rows: Any, args: tuple[torch.Tensor, ...], slots: int | None = None
-) -> str:
+def _rows_disagree(dense: Any, prefill: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:
     """Why the rows wrapper does not compute the dense one's values on a prefill (``prefill``:
-    the dense wrapper's outputs on ``args``) then a decode step ('' when it does), the step
-    given the cache's first ``slots`` slots (what a session passes there; None: all). Tolerance:
+    the dense wrapper's outputs on ``args``) then a decode step ('' when it does). Tolerance:
     float32 round-off of the same ops (the two sum the same keys in another order only through
     the mask's extra columns, which are zeros)."""
     ids, positions, past_k, past_v = args
@@ -257,7 +223,7 @@ def _rows_disagree(
     written_k[:, :, :, :n], written_v[:, :, :, :n] = new_k, new_v
     step = (ids[:, -1:], torch.tensor([n]))
     logits_d2, _, _ = dense(*step, present_k, present_v)
-    logits_r2, _, _ = rows(*step, written_k[:, :, :, :slots], written_v[:, :, :, :slots])
+    logits_r2, _, _ = rows(*step, written_k, written_v)
     checks = {
         "prefill logits": (logits_r, logits_d),
         "cache rows": (written_k[:, :, :, :n], present_k[:, :, :, :n]),

@@ -61,30 +61,13 @@ class LlmLayout:
     outputs: tuple[str, ...] = OUTPUT_NAMES
     cache: str = "explicit"  # how the cache travels: one of CACHE_KINDS
     version: int = field(default=_VERSION)
-    #: ``"rows"`` only: > 0 when the program takes the cache's first ``P`` slots, ``P`` the
-    #: position rounded up to a multiple of this (at least this, at most ``max_seq_len``), so a
-    #: step reads the positions used rather than all ``max_seq_len`` slots; 0: all slots. A reader
-    #: that ignores it passes all slots, which the program also takes (``P = max_seq_len``).
-    past_step: int = 0
-
-    def past_length(self, position: int) -> int:
-        """How many cache slots a call at ``position`` passes (see ``past_step``)."""
-        t, step = self.max_seq_len, self.past_step
-        if step <= 0:
-            return t
-        return min(t, max(step, -(-position // step) * step))
 
     def with_cache(self, kind: str) -> LlmLayout:
         """This layout for a program whose cache travels as ``kind`` (one of :data:`CACHE_KINDS`)."""
         if kind not in CACHE_KINDS:
             raise ValueError(f"cache kind {kind!r} is not one of {CACHE_KINDS}")
         outputs = ROWS_OUTPUT_NAMES if kind == "rows" else OUTPUT_NAMES
-        step = self.past_step if kind == "rows" else 0
-        return replace(self, cache=kind, outputs=outputs, version=_VERSION, past_step=step)
-
-    def with_past_step(self, step: int) -> LlmLayout:
-        """This layout with the cache passed by prefixes of ``step`` slots (0: all slots)."""
-        return replace(self, past_step=max(0, int(step)))
+        return replace(self, cache=kind, outputs=outputs, version=_VERSION)
 
     @property
     def max_prompt(self) -> int:

@@ -21,14 +21,7 @@ from torch import nn
 from ..errors import DualExportError, InputError
 from .layout import LlmLayout
 
-__all__ = [
-    "DecoderWithCache",
-    "probe_layout",
-    "example_inputs",
-    "dynamic_shapes",
-    "sliding_layers",
-    "past_step",
-]
+__all__ = ["DecoderWithCache", "probe_layout", "example_inputs", "dynamic_shapes", "sliding_layers"]
 
 
 def takes_attention_mask(model: nn.Module) -> bool:
@@ -213,18 +206,6 @@ def example_inputs(layout: LlmLayout, seq: int | None = None) -> tuple[torch.Ten
 
 
 def dynamic_shapes(layout: LlmLayout) -> dict[str, Any]:
-    """The number of new tokens S in 1..max_seq_len-1 (prefill and decode); with
-    ``layout.past_step``, also the cache slots passed, ``past_step..max_seq_len``."""
+    """One dynamic dim: the number of new tokens S in 1..max_seq_len-1 (prefill and decode)."""
     seq = torch.export.Dim("seq", min=1, max=layout.max_prompt)
-    past = None
-    if layout.past_step:
-        slots = {3: torch.export.Dim("past", min=layout.past_step, max=layout.max_seq_len)}
-        past = {"past_k": slots, "past_v": slots}
-    return {"input_ids": {1: seq}, "cache_position": {0: seq}, "past_k": None, "past_v": None, **(past or {})}
-
-
-def past_step(max_seq_len: int) -> int:
-    """The prefix granularity of a ``"rows"`` program's cache input: 32 slots, fewer for a short
-    cache (at least 4 prefix lengths); 0 (all slots) when the cache is too short to gain."""
-    step = min(32, max_seq_len // 4)
-    return step if step >= 2 else 0
+    return {"input_ids": {1: seq}, "cache_position": {0: seq}, "past_k": None, "past_v": None}
