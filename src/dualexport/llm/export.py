@@ -180,7 +180,7 @@ def _check_against_model(
     1e-3 of the logits' scale (two attention implementations of the same function)."""
     from .wrapper import _accepted_kwargs, _logits
 
-    ids, positions, _, _ = args
+    ids = args[0]
     n = ids.shape[1]
     logits, present_k, present_v = prefill
     nxt = logits[:, -1:].argmax(-1)
