@@ -255,6 +255,46 @@ def test_stale_cache_slots_never_count(llm: Exported) -> None:
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (llm.arch, target, ids)
 
 
+def test_each_call_reads_only_the_positions_used(llm: Exported) -> None:
+    """The rows program takes each layer's keys and values as inputs of their own, the cache's
+    first P slots (P dynamic, the position rounded up to the layout's ``past_step``): a session
+    passes that prefix, and any longer one, noise in the extra slots included, gives the same
+    logits on both files."""
+    import onnx
+
+    prompt = prompts()[0]
+    for target, art in llm.res.artifacts.items():
+        layout = read_layout(art.path)
+        assert layout.past_step == T // 4, layout  # 8 slots per prefix step at T = 32
+        assert layout.past_inputs == "layers" and len(layout.inputs) == 2 + 2 * layout.layers, layout
+        if target == "onnx":
+            graph = onnx.load(str(art.path), load_external_data=False).graph
+            assert [i.name for i in graph.input] == list(layout.inputs)
+            for past in graph.input[2:]:
+                dims = past.type.tensor_type.shape.dim
+                assert [d.dim_value for d in dims[:2]] == [1, layout.kv_heads], past.name
+                assert dims[2].dim_param, f"{past.name}: the past length is not dynamic"
+        session = DecoderSession.open(art.path)
+        session.step(prompt)
+        pos = session.position
+        noise = torch.Generator().manual_seed(3)
+        session.past_k[:, :, :, pos:] = torch.randn(session.past_k[:, :, :, pos:].shape, generator=noise) * 10
+        session.past_v[:, :, :, pos:] = torch.randn(session.past_v[:, :, :, pos:].shape, generator=noise) * 10
+        ids, where = torch.tensor([[7]]), torch.tensor([pos])
+        outs = {
+            slots: session.runner.run([ids, where, *layout.past_args(session.past_k, session.past_v, slots)])[
+                0
+            ]
+            for slots in sorted(
+                {layout.past_length(pos), min(T, layout.past_length(pos) + layout.past_step), T}
+            )
+        }
+        assert min(outs) == layout.past_length(pos) < T
+        want = outs[T]
+        for slots, got in outs.items():
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (llm.arch, target, slots)
+
+
 # --------------------------------------------------------------------- one architecture only
 @pytest.fixture
 def llama(exports: Any) -> Exported:
@@ -408,9 +448,37 @@ def test_generate_refuses_a_file_without_layout(tmp_path: pathlib.Path) -> None:
         dx.generate(tmp_path / "m.onnx", [1], max_new_tokens=1)
 
 
+def test_an_and_with_true_is_the_mask() -> None:
+    """transformers' ``and_masks`` starts from ``q_idx.new_ones((), dtype=bool)``: the
+    canonicalization drops that ``&`` (an op outside the XNNPACK delegate) and keeps the mask."""
+    from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
+
+    from dualexport.llm.canonical import true_and_as_identity
+
+    mask_function = and_masks(causal_mask_function, sliding_window_overlay(4))
+
+    class Mask(torch.nn.Module):
+        def forward(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            return mask_function(0, 0, q.view(-1, 1), kv.view(1, -1)).float()
+
+    seq = torch.export.Dim("seq", min=2, max=32)
+    args = (torch.arange(5), torch.arange(9))
+    program = torch.export.export(Mask(), args, dynamic_shapes=({0: seq}, {0: seq + 4}))
+    ands = (torch.ops.aten.__and__.Tensor, torch.ops.aten.bitwise_and.Tensor)
+
+    def count() -> int:
+        return sum(n.target in ands for n in program.graph.nodes)
+
+    assert count() == 2
+    program = true_and_as_identity(program)
+    assert count() == 1  # causal & window remain
+    for q, kv in ((torch.arange(5), torch.arange(9)), (torch.arange(3, 20), torch.arange(21))):
+        torch.testing.assert_close(program.module()(q, kv), Mask()(q, kv), rtol=0, atol=0)
+
+
 def test_layout_versions() -> None:
-    """A version-1 layout (whole cache out, before the rows cache) still reads; a cache kind or
-    version this dualexport does not know is refused, saying to upgrade."""
+    """A version-1 layout (whole cache out and in as two stacked tensors) still reads and is fed
+    so; a cache kind or version this dualexport does not know is refused, saying to upgrade."""
     import json
 
     from dualexport.llm.layout import LlmLayout
@@ -418,11 +486,27 @@ def test_layout_versions() -> None:
     v1 = dict(layers=2, kv_heads=2, head_dim=16, v_head_dim=16, max_seq_len=32, vocab=256, dtype="float32")
     v1 |= dict(outputs=["logits", "present_k", "present_v"], cache="explicit", version=1)
     old = LlmLayout.from_json(json.dumps(v1))
-    assert old.cache == "explicit" and old.version == 1
+    assert old.cache == "explicit" and old.version == 1 and old.past_inputs == "stacked"
+    past_k, past_v = torch.zeros(old.cache_shape()), torch.ones(old.cache_shape(values=True))
+    assert [tuple(t.shape) for t in old.past_args(past_k, past_v)] == [(2, 1, 2, 32, 16)] * 2
     rows = old.with_cache("rows")
-    assert (rows.cache, rows.outputs[1:], rows.version) == ("rows", ("new_k", "new_v"), 2)
+    assert (rows.cache, rows.outputs[1:], rows.version) == ("rows", ("new_k", "new_v"), 3)
+    assert rows.inputs == ("input_ids", "cache_position", "past_0", "past_1", "past_2", "past_3")
+    split = rows.past_args(past_k, past_v, 8)  # each layer's keys, then values, first 8 slots
+    assert [tuple(t.shape) for t in split] == [(1, 2, 8, 16)] * 4 and [float(t.sum()) for t in split] == [
+        0.0,
+        0.0,
+        256.0,
+        256.0,
+    ]
     assert LlmLayout.from_json(rows.to_json()) == rows
-    for bad in ({**v1, "cache": "paged"}, {**v1, "version": 99}):
+    # a layout without past_step (written before the prefix cache) passes all slots
+    assert rows.past_step == 0 and rows.past_length(5) == 32
+    prefix = old.with_past_step(8).with_cache("rows")
+    assert [prefix.past_length(p) for p in (0, 1, 8, 9, 31)] == [8, 8, 8, 16, 32]
+    assert prefix.with_cache("explicit").past_step == 0  # the whole cache out: all slots in
+    assert LlmLayout.from_json(prefix.to_json()) == prefix
+    for bad in ({**v1, "cache": "paged"}, {**v1, "version": 99}, {**v1, "past_inputs": "paged"}):
         with pytest.raises(ArtifactFormatError, match="newer dualexport"):
             LlmLayout.from_json(json.dumps(bad))
 

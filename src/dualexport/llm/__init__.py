@@ -2,7 +2,8 @@
 decoder's cache-aware program, ``generate`` runs either file greedily, ``generation_parity``
 proves the files generate what the model does.
 
-The cache travels as explicit inputs and outputs: ``past_k``/``past_v`` in, and out either the
+The cache travels as explicit inputs and outputs: each layer's keys and values in (their first
+``P`` slots, ``P`` the position rounded up, for the rows program), and out either the
 new rows (``new_k``/``new_v``, which ``generate`` writes at their positions: the default) or the
 whole updated cache (``present_k``/``present_v``, for decoders the rows program does not serve);
 the layout is recorded in each file (``layout.py``).

@@ -172,8 +172,8 @@ def additive_mask(
         q_idx = (torch.arange(q_length) + q_offset).view(-1, 1)
     if rows:
         assert cache is not None
-        kv_idx, keep = cache.rows_mask_terms()
-        allowed = mask_function(zero, zero, q_idx, kv_idx).to(dtype) * keep.to(dtype)
+        kv_idx = cache.rows_mask_terms()
+        allowed = mask_function(zero, zero, q_idx, kv_idx).to(dtype)
         mask2d = (allowed - 1.0) * torch.finfo(dtype).max
         mask = mask2d.unsqueeze(0).unsqueeze(0)
         cache.remember_mask(mask, mask2d, allowed)

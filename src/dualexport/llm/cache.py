@@ -18,8 +18,9 @@ The layout is absolute: slot ``p`` of every layer holds position ``p`` (a slidin
   only the new rows ``[L, 1, Hkv, S, D]``, which the caller writes at ``cache_position``. Why: a
   decode step then reads the cache once and writes ``S`` rows, where the dense update reads and
   writes all ``T`` slots of every layer twice more (the measured gap to a runtime-owned cache).
-  The past slots being written now are masked (:meth:`ExplicitCache.rows_mask_terms`), so stale
-  contents of those slots never count; ``get_mask_sizes`` is ``(T + S, 0)``.
+  The past slots from the first position written now on are masked (their key position is
+  :data:`STALE`, :meth:`ExplicitCache.rows_mask_terms`), so stale contents of those slots never
+  count; ``get_mask_sizes`` is ``(P + S, 0)``, ``P`` the slots passed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ __all__ = [
 
 #: How a layer's update is handed back (see the module docstring).
 CACHE_MODES = ("dense", "index_copy", "rows")
+#: ``"rows"``: the key position of a past slot a call must not read, after every query position
+#: (a causal mask function holds it out).
+STALE = 1 << 30
 
 
 class RowsUnsupported(RuntimeError):
@@ -144,7 +148,8 @@ def active_cache() -> ExplicitCache | None:
 
 
 class ExplicitCache(Cache):
-    """The cache a wrapper hands the model: layer ``l`` starts from ``past_k[l]``/``past_v[l]``;
+    """The cache a wrapper hands the model: layer ``l`` starts from ``past_k[l]``/``past_v[l]``
+    (``[1, Hkv, P, D]`` each: the program's per-layer inputs);
     after the forward, ``present()`` stacks what the layers hold.
 
     The query offset is ``cache_position[0]`` (a tensor, as transformers' StaticLayer does): with
@@ -158,8 +163,8 @@ class ExplicitCache(Cache):
 
     def __init__(
         self,
-        past_k: torch.Tensor,
-        past_v: torch.Tensor,
+        past_k: Sequence[torch.Tensor],
+        past_v: Sequence[torch.Tensor],
         cache_position: torch.Tensor,
         sliding: Sequence[bool],
         mode: str = "dense",
@@ -172,7 +177,7 @@ class ExplicitCache(Cache):
         self.query_offset = cache_position[0]
         self.mode = mode
         self._dense: _Scatter | None = None
-        self._rows_terms: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rows_terms: torch.Tensor | None = None
         # "rows": each 4-D mask handed to the model, by its id (kept, so its id stays its own),
         # with its 2-D form and the 0/1 matrix it came from; and their repeats per head group
         self._masks: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -186,20 +191,22 @@ class ExplicitCache(Cache):
             self._dense = _Scatter(self.position_ids, like.shape[2], like.dtype)
         return self._dense
 
-    def rows_mask_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``"rows"``: the key positions ``[1, T + S]`` (the slots' own, then the new tokens') and
-        ``keep [1, T + S]``, 0 for the past slots written in this call (what they hold is stale:
-        the new rows are the keys at those positions) and 1 elsewhere. Built once per forward
-        from ``cache_position`` only (``sum`` of a one-hot rather than ``any``: float ops)."""
+    def rows_mask_terms(self) -> torch.Tensor:
+        """``"rows"``: the key positions ``[1, P + S]``, the past slots' then the new tokens'.
+        A past slot at or after the first position written now holds nothing the call may read
+        (stale: the new rows are the keys at those positions; or not written yet), so its key
+        position is :data:`STALE`, after every query: the model's own mask function, which
+        holds keys to ``kv_idx <= q_idx``, masks it. This takes positions contiguous from
+        ``cache_position[0]``, as transformers' mask functions and prefill and decode do. Why
+        not a 0/1 ``keep`` row multiplied in: its one-hot over ``[P, S]`` was six ops outside
+        the delegate, once per call, which on a 2-layer model was 1 point of delegated share.
+        Built once per forward."""
         if self._rows_terms is None:
-            # from the [S] and [1, S] forms the caller made already (each view more is an op
-            # outside the delegate)
-            positions, row = self.cache_position, self.position_ids
+            row = self.position_ids  # the [1, S] form the caller made already
             slots = self.explicit[0].keys.shape[2]  # type: ignore[union-attr]
-            arange = torch.arange(slots, dtype=positions.dtype)
-            hit = (arange.view(-1, 1) == row).to(torch.float32)
-            keep = torch.cat([1.0 - hit.sum(-1), torch.ones_like(positions, dtype=torch.float32)])
-            self._rows_terms = (torch.cat([arange.view(1, -1), row], 1), keep.view(1, -1))
+            arange = torch.arange(slots, dtype=row.dtype).view(1, -1)
+            past = arange.masked_fill(arange >= self.query_offset, STALE)
+            self._rows_terms = torch.cat([past, row], 1)
         return self._rows_terms
 
     def remember_mask(self, mask: torch.Tensor, additive: torch.Tensor, allowed: torch.Tensor) -> None:

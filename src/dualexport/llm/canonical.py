@@ -43,6 +43,7 @@ __all__ = [
     "rotate_half_as_linear",
     "distinct_cat_inputs",
     "full_slices_as_identity",
+    "true_and_as_identity",
     "DECODER_CANONICALIZATIONS",
 ]
 
@@ -338,6 +339,46 @@ def full_slices_as_identity(program: ExportedProgram) -> ExportedProgram:
     return _finish(program, changed, "full slices as identity")
 
 
+def _all_true(node: Any) -> bool:
+    """A ``new_ones``/``ones``/``full(True)`` bool tensor (transformers' ``and_masks`` starts from
+    ``q_idx.new_ones((), dtype=bool)``)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    val = _val(node)
+    if not isinstance(val, torch.Tensor) or val.dtype != torch.bool:
+        return False
+    if node.target in (aten.new_ones.default, aten.ones.default):
+        return True
+    fill = node.args[1] if node.target is aten.full.default and len(node.args) > 1 else None
+    return fill is True or (isinstance(fill, (int, float)) and fill != 0)
+
+
+def true_and_as_identity(program: ExportedProgram) -> ExportedProgram:
+    """``True & m`` -> ``m`` for a bool ``m`` of the result's shape: transformers' ``and_masks``
+    (every sliding-window and chunked mask) starts from an all-true scalar, an op outside the
+    XNNPACK delegate (it takes no bool op) once per call."""
+    changed = 0
+    for node in [n for gm in _graphs(program) for n in gm.graph.nodes]:
+        if node.op != "call_function" or node.target not in (aten.__and__.Tensor, aten.bitwise_and.Tensor):
+            continue
+        out = _val(node)
+        for mine, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+            ov = _val(other)
+            if (
+                _all_true(mine)
+                and isinstance(ov, torch.Tensor)
+                and isinstance(out, torch.Tensor)
+                and ov.dtype == torch.bool
+                and ov.shape == out.shape
+            ):
+                node.replace_all_uses_with(other)
+                node.graph.erase_node(node)
+                _erase_dead(other.graph, [mine])
+                changed += 1
+                break
+    return _finish(program, changed, "True & mask as the mask")
+
+
 def _mutated(node: torch.fx.Node) -> bool:
     for user in node.users:
         schema = op_schema(user.target)
@@ -348,6 +389,7 @@ def _mutated(node: torch.fx.Node) -> bool:
 
 #: In order: the rotary and the mean make views that the last pass writes in the -1 form.
 DECODER_CANONICALIZATIONS: tuple[Callable[[ExportedProgram], ExportedProgram], ...] = (
+    true_and_as_identity,
     full_slices_as_identity,
     distinct_cat_inputs,
     rotate_half_as_linear,

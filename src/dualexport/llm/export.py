@@ -64,8 +64,8 @@ def export_llm(
     (``forward(input_ids, position_ids=..., past_key_values=cache)``, each attention layer calling
     ``cache.update(key, value, layer_idx)``), or a reference :func:`~dualexport.llm.load_decoder`
     takes (a config .json, a model folder, ``MODULE:ATTR``). The program is
-    ``forward(input_ids[1,S], cache_position[S], past_k, past_v) -> (logits, present_k,
-    present_v)`` with ``1 <= S < max_seq_len``: prefill and decode. Returns the usual
+    ``forward(input_ids[1,S], cache_position[S], *past) -> (logits, new_k, new_v)`` with
+    ``1 <= S < max_seq_len`` (prefill and decode), ``past`` each layer's keys then values. Returns the usual
     :class:`~dualexport.api.ExportResult`; ``dx.generate`` runs either file.
 
     ``optimize=False`` exports the plain design: the model's own attention, the cache written with
@@ -79,7 +79,7 @@ def export_llm(
     """
     from .. import api
     from .attention import exported_attention
-    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
+    from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, past_step, probe_layout
 
     model, label = _resolve_model(model)
     scheme = _checked_scheme(quantize, optimize)
@@ -93,31 +93,56 @@ def export_llm(
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
+            step = past_step(layout.max_seq_len) if optimize else 0
             if optimize:
-                wrapper = _rows_or_dense(model, layout, args, label or type(model).__name__)
+                wrapper = _rows_or_dense(
+                    model, layout.with_past_step(step), args, label or type(model).__name__
+                )
             else:
                 wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
                 prefill = _dry_run(wrapper, args, label or type(model).__name__)
-                _check_against_model(model, wrapper, prefill, args, label or type(model).__name__)
+                _check_against_model(model, wrapper, prefill, args, layout, label or type(model).__name__)
 
-            def run(wrapped: DecoderWithCache) -> Any:
+            def export(wrapped: DecoderWithCache, step: int) -> Any:
                 kind = "rows" if wrapped.mode == "rows" else "explicit"
+                lay = layout.with_past_step(step).with_cache(kind)
                 return api.export(
                     wrapped,
                     args,
                     target=target,
                     out_dir=out_dir,
                     name=name,
-                    dynamic_shapes=dynamic_shapes(layout),
+                    dynamic_shapes=dynamic_shapes(lay),
                     transforms=transforms,
                     strict=strict,
                     optimize=optimize,
-                    options=_decoder_options(options, layout.with_cache(kind), scheme),
+                    options=_decoder_options(options, lay, scheme),
                 )
+
+            def run(wrapped: DecoderWithCache) -> Any:
+                return _with_prefix_or_whole(export, wrapped, step if wrapped.mode == "rows" else 0)
 
             return _run_with_mask_retry(run, wrapper, model, args, label or type(model).__name__)
     finally:
         model.train(was_training)
+
+
+def _with_prefix_or_whole(export: Any, wrapper: Any, step: int) -> Any:
+    """Export with the cache passed by prefixes of ``step`` slots (a dynamic past length: each
+    call reads the positions used, not all ``max_seq_len`` slots); a decoder that cannot be
+    traced or lowered so (a guard on the past length, an op a target takes only with static
+    sizes) is exported again with all slots."""
+    if not step:
+        return export(wrapper, 0)
+    try:
+        res = export(wrapper, step)
+    except CaptureError as exc:
+        logger.info("the cache travels whole: a dynamic past length does not trace (%s)", str(exc)[:300])
+        return export(wrapper, 0)
+    if res.ok:
+        return res
+    logger.info("the cache travels whole: with a dynamic past length %s", dict(res.errors))
+    return export(wrapper, 0)
 
 
 def _run_with_mask_retry(
@@ -154,10 +179,16 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
 
     dense = DecoderWithCache(model, layout.sliding, "dense").eval()
     prefill = _dry_run(dense, args, label)
-    _check_against_model(model, dense, prefill, args, label)
+    _check_against_model(model, dense, prefill, args, layout, label)
     rows = DecoderWithCache(model, layout.sliding, "rows").eval()
     try:
-        why = _rows_disagree(dense, prefill, rows, args)
+        # the decode step at position n gets a prefix longer than n (noise in the extra slots):
+        # any prefix of at least n slots must give the same logits
+        n = args[0].shape[1]
+        slots = (
+            min(layout.max_seq_len, layout.past_length(n) + layout.past_step) if layout.past_step else None
+        )
+        why = _rows_disagree(dense, prefill, rows, args, layout, slots)
     except RowsUnsupported as exc:
         why = str(exc)
     except Exception as exc:  # the model's own error under the rows cache: the dense one runs
@@ -169,7 +200,7 @@ def _rows_or_dense(model: nn.Module, layout: Any, args: tuple[torch.Tensor, ...]
 
 
 def _check_against_model(
-    model: nn.Module, wrapper: Any, prefill: Any, args: tuple[torch.Tensor, ...], label: str
+    model: nn.Module, wrapper: Any, prefill: Any, args: tuple[torch.Tensor, ...], layout: Any, label: str
 ) -> None:
     """Refuse a decoder that computes other logits with the fixed-length cache than its own
     forward without a cache, on the example prefill and one decode step: its attention sizes a
@@ -191,7 +222,7 @@ def _check_against_model(
     except Exception as exc:  # a forward that needs its cache: nothing to compare with
         logger.info("not compared with the model's uncached forward: %s: %s", type(exc).__name__, exc)
         return
-    step = _logits(wrapper(nxt, torch.tensor([n]), present_k, present_v)[0])
+    step = _logits(wrapper(nxt, torch.tensor([n]), *layout.past_args(present_k, present_v))[0])
     for what, got, ref in (("the prompt", logits, want), ("the next token", step, want_step)):
         bound = 1e-3 * max(1.0, float(ref.abs().max()))
         err = float((got.float() - ref.float()).abs().max()) if got.shape == ref.shape else float("inf")
@@ -206,24 +237,32 @@ def _check_against_model(
             )
 
 
-def _rows_disagree(dense: Any, prefill: Any, rows: Any, args: tuple[torch.Tensor, ...]) -> str:
+def _rows_disagree(
+    dense: Any,
+    prefill: Any,
+    rows: Any,
+    args: tuple[torch.Tensor, ...],
+    layout: Any,
+    slots: int | None = None,
+) -> str:
     """Why the rows wrapper does not compute the dense one's values on a prefill (``prefill``:
-    the dense wrapper's outputs on ``args``) then a decode step ('' when it does). Tolerance:
+    the dense wrapper's outputs on ``args``) then a decode step ('' when it does), the step
+    given the cache's first ``slots`` slots (what a session passes there; None: all). Tolerance:
     float32 round-off of the same ops (the two sum the same keys in another order only through
     the mask's extra columns, which are zeros)."""
-    ids, positions, past_k, past_v = args
+    ids = args[0]
     n = ids.shape[1]
     logits_d, present_k, present_v = prefill
-    logits_r, new_k, new_v = rows(ids, positions, past_k, past_v)
+    logits_r, new_k, new_v = rows(*args)
     # the slots not written yet hold noise: the rows program must mask them (the dense one
     # overwrites or masks them itself)
     noise = torch.Generator().manual_seed(0)
-    written_k = torch.randn(past_k.shape, generator=noise).to(past_k.dtype)
-    written_v = torch.randn(past_v.shape, generator=noise).to(past_v.dtype)
+    written_k = torch.randn(present_k.shape, generator=noise).to(present_k.dtype)
+    written_v = torch.randn(present_v.shape, generator=noise).to(present_v.dtype)
     written_k[:, :, :, :n], written_v[:, :, :, :n] = new_k, new_v
     step = (ids[:, -1:], torch.tensor([n]))
-    logits_d2, _, _ = dense(*step, present_k, present_v)
-    logits_r2, _, _ = rows(*step, written_k, written_v)
+    logits_d2, _, _ = dense(*step, *layout.past_args(present_k, present_v))
+    logits_r2, _, _ = rows(*step, *layout.past_args(written_k, written_v, slots))
     checks = {
         "prefill logits": (logits_r, logits_d),
         "cache rows": (written_k[:, :, :, :n], present_k[:, :, :, :n]),
@@ -245,7 +284,7 @@ def _dry_run(wrapper: nn.Module, args: tuple[torch.Tensor, ...], label: str) -> 
         raise
     except Exception as exc:
         raise InputError(
-            f"{label} does not run with export_llm's fixed-length cache (past_k/past_v of "
+            f"{label} does not run with export_llm's fixed-length cache (keys and values of "
             f"max_seq_len positions, {args[0].shape[1]} new tokens): {type(exc).__name__}: {exc}",
             hint="export_llm needs a decoder whose attention mask and position bias come from the "
             "cache and cache_position (transformers' create_causal_mask and rotary or learned "

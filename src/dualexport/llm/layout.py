@@ -22,13 +22,17 @@ __all__ = [
     "OUTPUT_NAMES",
     "ROWS_OUTPUT_NAMES",
     "CACHE_KINDS",
+    "PAST_INPUTS",
+    "input_names",
     "read_layout",
 ]
 
 #: The key of the layout: ONNX ``metadata_props[LAYOUT_KEY]`` and the .pte constant method of that
 #: name (returning the JSON's UTF-8 bytes as ints: a constant method returns numbers only).
 LAYOUT_KEY = "dualexport_llm"
-#: The wrapper's inputs and outputs, in order (the ONNX graph's names, the .pte's positions).
+#: The wrapper's inputs and outputs, in order (the ONNX graph's names, the .pte's positions):
+#: ``past_0 .. past_{L-1}`` are the layers' keys and ``past_L .. past_{2L-1}`` their values
+#: (:func:`input_names`); files of layout version 2 took the whole cache as ``past_k``, ``past_v``.
 INPUT_NAMES = ("input_ids", "cache_position", "past_k", "past_v")
 OUTPUT_NAMES = ("logits", "present_k", "present_v")
 #: The outputs of a ``"rows"`` program: the new rows, which the caller writes at cache_position.
@@ -36,16 +40,27 @@ ROWS_OUTPUT_NAMES = ("logits", "new_k", "new_v")
 #: How the cache travels: the whole cache in and out ("explicit"), or the whole cache in and the
 #: new rows out ("rows", version 2).
 CACHE_KINDS = ("explicit", "rows")
-_VERSION = 2
+#: How the cache goes in: one ``[L, 1, Hkv, T, D]`` tensor each for keys and values (``"stacked"``,
+#: versions 1-2), or one ``[1, Hkv, P, D]`` tensor per layer (``"layers"``, version 3).
+PAST_INPUTS = ("stacked", "layers")
+_VERSION = 3
+
+
+def input_names(layers: int) -> tuple[str, ...]:
+    """The inputs of a version-3 program of ``layers`` layers (the names torch.export gives the
+    wrapper's ``*past``)."""
+    return ("input_ids", "cache_position", *(f"past_{i}" for i in range(2 * layers)))
 
 
 @dataclass(frozen=True)
 class LlmLayout:
-    """``past_k`` is ``[layers, 1, kv_heads, max_seq_len, head_dim]`` (``past_v`` with
-    ``v_head_dim``), slot ``p`` holding position ``p``; ``input_ids[1, S]`` and
-    ``cache_position[S]`` with ``1 <= S <= max_seq_len - 1``; logits ``[1, S, vocab]``.
-    ``cache``: ``"explicit"`` returns the updated cache, ``"rows"`` the new rows
-    ``[layers, 1, kv_heads, S, head_dim]`` for the caller to write at ``cache_position``."""
+    """The cache is ``[layers, 1, kv_heads, max_seq_len, head_dim]`` for keys (``v_head_dim`` for
+    values), slot ``p`` holding position ``p``; ``input_ids[1, S]`` and ``cache_position[S]``
+    with ``1 <= S <= max_seq_len - 1``; logits ``[1, S, vocab]``. ``past_inputs``: how the cache
+    goes in (one of :data:`PAST_INPUTS`; ``"layers"``: each layer's ``[1, kv_heads, P, D]``, keys
+    then values, so a step reads no other layer's slots). ``cache``: ``"explicit"`` returns the
+    updated cache, ``"rows"`` the new rows ``[layers, 1, kv_heads, S, head_dim]`` for the caller
+    to write at ``cache_position``."""
 
     layers: int
     kv_heads: int
@@ -61,13 +76,39 @@ class LlmLayout:
     outputs: tuple[str, ...] = OUTPUT_NAMES
     cache: str = "explicit"  # how the cache travels: one of CACHE_KINDS
     version: int = field(default=_VERSION)
+    past_inputs: str = "layers"  # how the cache goes in: one of PAST_INPUTS
+    #: ``"rows"`` only: > 0 when the program takes the cache's first ``P`` slots, ``P`` the
+    #: position rounded up to a multiple of this (at least this, at most ``max_seq_len``), so a
+    #: step reads the positions used rather than all ``max_seq_len`` slots; 0: all slots. A reader
+    #: that ignores it passes all slots, which the program also takes (``P = max_seq_len``).
+    past_step: int = 0
+
+    def past_length(self, position: int) -> int:
+        """How many cache slots a call at ``position`` passes (see ``past_step``)."""
+        t, step = self.max_seq_len, self.past_step
+        if step <= 0:
+            return t
+        return min(t, max(step, -(-position // step) * step))
 
     def with_cache(self, kind: str) -> LlmLayout:
         """This layout for a program whose cache travels as ``kind`` (one of :data:`CACHE_KINDS`)."""
         if kind not in CACHE_KINDS:
             raise ValueError(f"cache kind {kind!r} is not one of {CACHE_KINDS}")
         outputs = ROWS_OUTPUT_NAMES if kind == "rows" else OUTPUT_NAMES
-        return replace(self, cache=kind, outputs=outputs, version=_VERSION)
+        step = self.past_step if kind == "rows" else 0
+        return replace(
+            self,
+            cache=kind,
+            outputs=outputs,
+            inputs=input_names(self.layers),
+            past_inputs="layers",
+            version=_VERSION,
+            past_step=step,
+        )
+
+    def with_past_step(self, step: int) -> LlmLayout:
+        """This layout with the cache passed by prefixes of ``step`` slots (0: all slots)."""
+        return replace(self, past_step=max(0, int(step)))
 
     @property
     def max_prompt(self) -> int:
@@ -76,6 +117,17 @@ class LlmLayout:
 
     def cache_shape(self, values: bool = False) -> tuple[int, int, int, int, int]:
         return (self.layers, 1, self.kv_heads, self.max_seq_len, self.v_head_dim if values else self.head_dim)
+
+    def past_args(self, past_k: Any, past_v: Any, slots: int | None = None) -> list[Any]:
+        """The program's cache inputs from the whole cache (``[L, 1, Hkv, T, D]`` each): the two
+        tensors (``"stacked"``), or each layer's keys then each layer's values, their first
+        ``slots`` slots (views: no copy here)."""
+        if self.past_inputs == "stacked":
+            return [past_k, past_v]
+        n = self.max_seq_len if slots is None else slots
+        return [past_k[i, :, :, :n] for i in range(self.layers)] + [
+            past_v[i, :, :, :n] for i in range(self.layers)
+        ]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -89,13 +141,19 @@ class LlmLayout:
                 for k, v in data.items()
                 if k in cls.__dataclass_fields__
             }
+            if int(fields.get("version", 1)) < 3:  # before per-layer inputs
+                fields.setdefault("past_inputs", "stacked")
             layout = cls(**fields)
         except (ValueError, TypeError) as exc:
             raise ArtifactFormatError(
                 f"{source} has an unreadable decoder layout: {exc}",
                 hint="re-export it with dx.export_llm",
             ) from exc
-        if layout.version > _VERSION or layout.cache not in CACHE_KINDS:
+        if (
+            layout.version > _VERSION
+            or layout.cache not in CACHE_KINDS
+            or layout.past_inputs not in PAST_INPUTS
+        ):
             raise ArtifactFormatError(
                 f"{source} was written by a newer dualexport (layout version {layout.version}, "
                 f"cache {layout.cache!r})",

@@ -126,7 +126,9 @@ class DecoderSession:
             )
         tokens = torch.tensor([list(ids)], dtype=torch.long)
         position = torch.arange(self.position, self.position + n, dtype=torch.long)
-        logits, k, v = self.runner.run([tokens, position, self.past_k, self.past_v])
+        slots = self.layout.past_length(self.position) if self.layout.cache == "rows" else t
+        past = self.layout.past_args(self.past_k, self.past_v, slots)
+        logits, k, v = self.runner.run([tokens, position, *past])
         if self.layout.cache == "rows":  # the new rows, written here at their positions
             self.past_k[:, :, :, self.position : self.position + n] = k
             self.past_v[:, :, :, self.position : self.position + n] = v

@@ -1,7 +1,12 @@
-"""The cache-aware program of a decoder: ``forward(input_ids[1,S], cache_position[S], past_k, past_v)
--> (logits[1,S,V], new_k, new_v)``, one trace for prefill (S > 1) and decode (S = 1); ``new_k``
-is the new rows ``[L, 1, Hkv, S, D]`` (the ``"rows"`` cache, which the caller writes at
-``cache_position``) or the whole updated cache (``"dense"``, ``"index_copy"``).
+"""The cache-aware program of a decoder: ``forward(input_ids[1,S], cache_position[S], *past)
+-> (logits[1,S,V], new_k, new_v)``, one trace for prefill (S > 1) and decode (S = 1); ``past`` is
+each layer's keys ``[1, Hkv, P, D]`` then each layer's values; ``new_k`` is the new rows
+``[L, 1, Hkv, S, D]`` (the ``"rows"`` cache, which the caller writes at ``cache_position``) or the
+whole updated cache (``"dense"``, ``"index_copy"``).
+
+Why one input per layer: a stacked ``[L, ...]`` cache is read through a select per layer, which
+XNNPACK takes only with static sizes (so the cache could not be passed by prefix) and which the
+ExecuTorch runner copies whole every step.
 
 Why explicit cache tensors (design (a) of issue 19): both targets then compute the same pure
 function. A cache kept in mutable buffers is updated in place by ExecuTorch but silently dropped
@@ -19,9 +24,16 @@ import torch
 from torch import nn
 
 from ..errors import DualExportError, InputError
-from .layout import LlmLayout
+from .layout import LlmLayout, input_names
 
-__all__ = ["DecoderWithCache", "probe_layout", "example_inputs", "dynamic_shapes", "sliding_layers"]
+__all__ = [
+    "DecoderWithCache",
+    "probe_layout",
+    "example_inputs",
+    "dynamic_shapes",
+    "sliding_layers",
+    "past_step",
+]
 
 
 def takes_attention_mask(model: nn.Module) -> bool:
@@ -96,21 +108,29 @@ class DecoderWithCache(nn.Module):
         self.padding_mask = padding_mask
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        cache_position: torch.Tensor,
-        past_k: torch.Tensor,
-        past_v: torch.Tensor,
+        self, input_ids: torch.Tensor, cache_position: torch.Tensor, *past: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from .cache import ExplicitCache
 
+        layers = len(self.sliding)
+        if len(past) != 2 * layers:
+            raise InputError(
+                f"the program takes {2 * layers} cache tensors (keys then values of {layers} layers), "
+                f"got {len(past)}",
+                hint="pass LlmLayout.past_args(past_k, past_v)",
+            )
         position_ids = cache_position.unsqueeze(0)
         cache = ExplicitCache(
-            past_k, past_v, cache_position, self.sliding, mode=self.mode, position_ids=position_ids
+            past[:layers],
+            past[layers:],
+            cache_position,
+            self.sliding,
+            mode=self.mode,
+            position_ids=position_ids,
         )
         given: dict[str, Any] = {"position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         if self.padding_mask:
-            given["attention_mask"] = torch.ones(1, past_k.shape[3], dtype=torch.long)
+            given["attention_mask"] = torch.ones(1, past[0].shape[2], dtype=torch.long)
         kwargs = _accepted_kwargs(self.model, given)
         with cache.active():
             logits = _logits(self.model(input_ids=input_ids, **kwargs))
@@ -178,6 +198,7 @@ def probe_layout(model: nn.Module, max_seq_len: int, name: str = "") -> LlmLayou
         int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     )
     return LlmLayout(
+        inputs=input_names(len(shapes)),
         layers=len(shapes),
         kv_heads=k0[1],
         head_dim=k0[3],
@@ -197,15 +218,26 @@ def example_inputs(layout: LlmLayout, seq: int | None = None) -> tuple[torch.Ten
     seq = seq or max(2, min(8, layout.max_prompt // 2))
     dtype = getattr(torch, layout.dtype)
     ids = torch.linspace(0, layout.vocab - 1, seq).long().unsqueeze(0)
-    return (
-        ids,
-        torch.arange(seq, dtype=torch.long),
+    past = layout.past_args(
         torch.zeros(layout.cache_shape(), dtype=dtype),
         torch.zeros(layout.cache_shape(values=True), dtype=dtype),
     )
+    # each layer's tensor its own storage (views of one would be aliased inputs to torch.export)
+    return (ids, torch.arange(seq, dtype=torch.long), *(p.clone() for p in past))
 
 
 def dynamic_shapes(layout: LlmLayout) -> dict[str, Any]:
-    """One dynamic dim: the number of new tokens S in 1..max_seq_len-1 (prefill and decode)."""
+    """The number of new tokens S in 1..max_seq_len-1 (prefill and decode); with
+    ``layout.past_step``, also the cache slots passed, ``past_step..max_seq_len``."""
     seq = torch.export.Dim("seq", min=1, max=layout.max_prompt)
-    return {"input_ids": {1: seq}, "cache_position": {0: seq}, "past_k": None, "past_v": None}
+    slots = None
+    if layout.past_step:
+        slots = {2: torch.export.Dim("past", min=layout.past_step, max=layout.max_seq_len)}
+    return {"input_ids": {1: seq}, "cache_position": {0: seq}, "past": (slots,) * (2 * layout.layers)}
+
+
+def past_step(max_seq_len: int) -> int:
+    """The prefix granularity of a ``"rows"`` program's cache input: 32 slots, fewer for a short
+    cache (at least 4 prefix lengths); 0 (all slots) when the cache is too short to gain."""
+    step = min(32, max_seq_len // 4)
+    return step if step >= 2 else 0
