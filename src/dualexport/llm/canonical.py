@@ -350,7 +350,7 @@ def _all_true(node: Any) -> bool:
     if node.target in (aten.new_ones.default, aten.ones.default):
         return True
     fill = node.args[1] if node.target is aten.full.default and len(node.args) > 1 else None
-    return fill is True or (isinstance(fill, (int, float)) and fill != 0)
+    return isinstance(fill, (int, float)) and fill != 0  # a bool is an int
 
 
 def true_and_as_identity(program: ExportedProgram) -> ExportedProgram:
