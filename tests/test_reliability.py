@@ -55,6 +55,19 @@ def _weights(value: float) -> Tiny:
     return m
 
 
+class _Fft(Tiny):
+    def __init__(self) -> None:
+        super().__init__(features=9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.fft.rfft(x).abs())  # complex in the middle: ExecuTorch has no complex dtype
+
+
+class _IntOut(Tiny):
+    def forward(self, x: torch.Tensor) -> Any:
+        return torch.relu(self.fc(x)), 3  # a Python int among the outputs
+
+
 class _Branchy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.sum() > 0:  # data-dependent Python control flow: torch.export cannot trace it
@@ -195,6 +208,36 @@ ROWS = [
     ),
     _row(
         "weights-meta", lambda c: c.export(model=Tiny().to("meta")), E.InputError, r"on the CPU.*fc\.weight"
+    ),
+    _row(
+        "input-empty-batch",
+        lambda c: c.export(args=(_x(0, 4),)),
+        E.InputError,
+        r"args\[0\] is empty \(shape \(0, 4\): size 0 in dim 0\)",
+    ),
+    _row(
+        "output-python-int",
+        lambda c: c.export(model=_IntOut()),
+        E.InputError,
+        r"non-tensor value as output 1: int 3",
+    ),
+    _row(
+        "model-bfloat16-onnx-refused",
+        lambda c: c.export(
+            model=Tiny().to(torch.bfloat16), args=(_x(2, 4).bfloat16(),), target=("onnx", "xnnpack")
+        ),
+        E.OnnxLoweringError,
+        r"computes in bfloat16, first at op aten\.linear.*\n.*float32",
+        target="onnx",
+        prev=False,
+    ),
+    _row(
+        "model-complex-xnnpack-refused",
+        lambda c: c.export(model=_Fft(), args=(_x(2, 16),), target=("onnx", "xnnpack")),
+        E.XnnpackLoweringError,
+        r"computes in complex64, first at op aten\.fft_rfft.*\n.*target='onnx' alone",
+        target="xnnpack",
+        prev=False,
     ),
     _row("quantize-no-calibration", lambda c: c.export(quantize="int8"), E.InputError, r"needs calibration"),
     _row(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import DualExportError, InputError
+from .errors import DualExportError, InputError, typed_errors
 from .exporters import DelegationReport, ExportOptions, normalize_targets
 from .outputs import artifact_set, check_name, needed_bytes, prepare_out_dir
 from .parity.report import ParityReport
@@ -142,7 +142,7 @@ def export(
     """
     from ._quiet import library_output
 
-    with library_output() as captured:
+    with library_output() as captured, typed_errors("export"):
         res = _export(
             _source(model),
             args,
@@ -244,7 +244,7 @@ def compare(
     """
     from ._quiet import library_output
 
-    with library_output():
+    with library_output(), typed_errors("compare"):
         return _compare(
             res,
             inputs,

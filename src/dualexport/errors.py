@@ -8,7 +8,8 @@ user's model.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "DelegationError",
     "ProgramMutatedError",
     "RangeNarrowedError",
+    "typed_errors",
 ]
 
 
@@ -243,3 +245,27 @@ class RangeNarrowedError(LoweringError):
     """A target could not honour a declared dynamic range: its lowering narrowed the program's
     shape environment, or its file records or accepts less than was declared. The target is
     refused before any of its files is published."""
+
+
+@contextlib.contextmanager
+def typed_errors(stage: str, *, target: str | None = None) -> Iterator[None]:
+    """Nothing raw escapes a public entry point: an exception that is not a ``DualExportError``
+    becomes an ``InternalError`` naming ``stage``, the original chained. Why: a caller (and the
+    CLI's exit code) must be able to tell "your input" from "we broke" by class alone. Works as a
+    ``with`` block or a decorator; an interrupt passes through untouched."""
+    try:
+        yield
+    except DualExportError:
+        raise
+    except MemoryError as exc:
+        raise InternalError(
+            f"{stage} ran out of memory",
+            target=target,
+            hint="free memory, export one target at a time (target='onnx' or 'xnnpack'), or use a "
+            "machine with more memory",
+        ) from exc
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        raise InternalError(
+            f"{stage} raised {type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": "), target=target
+        ) from exc

@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch.export import ExportedProgram
 
 from ..errors import InputError
 from .delegation import DelegationReport
 
-__all__ = ["Exporter", "LoweredTarget", "ExportOptions"]
+__all__ = ["Exporter", "LoweredTarget", "ExportOptions", "unsupported_dtype_node"]
 
 
 #: Options that change how the files are made, never their bytes (pruned passes are proven
@@ -121,6 +122,9 @@ class Exporter(Protocol):
 
     target: ClassVar[str]
     suffix: ClassVar[str]
+    #: dtypes the target's runtime has no kernels for, each with the reason and what to try: the
+    #: job refuses a program that computes in one before lowering (``unsupported_dtype_node``)
+    refused_dtypes: ClassVar[Mapping[torch.dtype, tuple[str, str]]]
 
     def passes(self, options: ExportOptions) -> tuple[str, ...]:
         """The names of the target's own passes ``options`` turns on, in order (for the cache
@@ -148,3 +152,21 @@ class Exporter(Protocol):
         program's (ONNX Runtime's int4 kernel quantizing float activations itself), with a label
         for messages; None when the file computes the shared program."""
         ...
+
+
+def unsupported_dtype_node(
+    program: ExportedProgram, refused: Mapping[torch.dtype, tuple[str, str]]
+) -> tuple[torch.fx.Node, torch.dtype] | None:
+    """The first op of ``program`` that reads or computes a tensor of a refused dtype (a
+    placeholder alone does not count: an unused input is harmless), and that dtype."""
+    if not refused:
+        return None
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+        for val in vals:
+            for v in val if isinstance(val, (tuple, list)) else (val,):
+                if isinstance(v, torch.Tensor) and v.dtype in refused:
+                    return node, v.dtype
+    return None

@@ -20,6 +20,7 @@ import json
 import logging
 import pathlib
 import re
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -155,6 +156,14 @@ def _make_state_explicit(program: ExportedProgram) -> None:
 class OnnxExporter:
     target: ClassVar[str] = "onnx"
     suffix: ClassVar[str] = ".onnx"
+    refused_dtypes: ClassVar[Mapping[torch.dtype, tuple[str, str]]] = {
+        torch.bfloat16: (
+            "ONNX Runtime's CPU kernels do not compute in bfloat16 (Gemm, MatMul, Conv and most "
+            "others have no bfloat16 implementation: the file would not load)",
+            "cast the model and its inputs to float32 (model.float()) for the .onnx, or export "
+            "target='xnnpack' alone",
+        ),
+    }
 
     def registry(self, options: ExportOptions | None = None) -> Any:
         return _registry(target_opset(options))

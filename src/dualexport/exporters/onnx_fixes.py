@@ -24,7 +24,15 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
-from ..shared_state.passes.graph_edit import COPY_OPS, VIEW_OPS, call, fake_mode_of, same_size, shape_of
+from ..shared_state.passes.graph_edit import (
+    COPY_OPS,
+    VIEW_OPS,
+    call,
+    fake_mode_of,
+    replace_all_uses,
+    same_size,
+    shape_of,
+)
 from .xnnpack_attention import copy_program
 
 __all__ = ["contiguous_attention_outputs", "pooled_means_as_last_dim_means"]
@@ -64,7 +72,7 @@ def contiguous_attention_outputs(program: ExportedProgram) -> ExportedProgram:
                 {"memory_format": torch.contiguous_format},
                 fake_mode=fake_mode,
             )
-        node.replace_all_uses_with(copy, delete_user_cb=lambda user, keep=copy: user is not keep)
+        replace_all_uses(program, node, copy, delete_user_cb=lambda user, keep=copy: user is not keep)
     new.graph.lint()
     new.graph_module.recompile()
     return new
@@ -117,7 +125,7 @@ def pooled_means_as_last_dim_means(program: ExportedProgram) -> ExportedProgram:
         assert x is not None  # the copy has the same graph
         with new.graph.inserting_before(node):
             mean = call(new.graph, aten.mean.dim, (x, [-1], True), fake_mode=fake_mode)
-        node.replace_all_uses_with(mean)
+        replace_all_uses(program, node, mean)
         dead: torch.fx.Node | None = node
         while isinstance(dead, torch.fx.Node) and dead is not x and not dead.users:  # the view chain
             up = dead.args[0]

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from ..shared_state.passes.graph_edit import replace_all_uses
+
 __all__ = ["fuse_dynamic_linears", "register_int8_translations", "FUSED_DYNAMIC_OP"]
 
 _QD = torch.ops.quantized_decomposed
@@ -113,10 +115,7 @@ def fuse_dynamic_linears(program: ExportedProgram) -> int:
         with graph.inserting_before(node):
             fused = graph.call_function(FUSED_DYNAMIC_OP, parts)
         fused.meta.update(node.meta)
-        node.replace_all_uses_with(fused)
-        for spec in program.graph_signature.output_specs:  # an output keeps its producer's name
-            if getattr(spec.arg, "name", None) == node.name:
-                spec.arg = type(spec.arg)(name=fused.name)
+        replace_all_uses(program, node, fused)  # an output keeps its producer's name
         graph.erase_node(node)
         count += 1
     if count:

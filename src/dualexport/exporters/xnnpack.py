@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -216,6 +216,15 @@ def drop_identity_clones(graph_module: torch.fx.GraphModule) -> Any:
 class XnnpackExporter:
     target: ClassVar[str] = "xnnpack"
     suffix: ClassVar[str] = ".pte"
+    refused_dtypes: ClassVar[Mapping[torch.dtype, tuple[str, str]]] = dict.fromkeys(
+        (torch.complex32, torch.complex64, torch.complex128),
+        (
+            "ExecuTorch has no complex dtype: its Edge dialect and portable kernels refuse complex "
+            "tensors (an FFT's output), and XNNPACK computes none",
+            "compute the transform in real arithmetic (an FFT as a matmul with cos/sin tables, "
+            "torch.view_as_real), or export target='onnx' alone",
+        ),
+    )
 
     def weight_notes(self, decomposed: ExportedProgram) -> dict[str, str]:
         return weight_notes(decomposed)
@@ -254,11 +263,18 @@ class XnnpackExporter:
                 culprit = node
                 break
         where = f" at {describe_node(culprit)}" if culprit is not None else ""
+        hint = (
+            "the op may have no Edge/portable kernel; replace it in the model, or export "
+            "target='onnx' alone; see the chained exception"
+        )
+        if "Cannot view a tensor" in text_all:  # ExecuTorch 1.4.1 re-traces a strided view
+            hint = (
+                "a view of a strided tensor (an expand or a transpose) with a dynamic size fails "
+                "inside ExecuTorch's re-trace: make the tensor .contiguous() before the view in the "
+                "model, declare that size static, or export target='onnx' alone"
+            )
         return XnnpackLoweringError(
-            f"ExecuTorch {stage} failed{where}: {type(exc).__name__}: {msg}",
-            target=self.target,
-            hint="the op may have no Edge/portable kernel; replace it in the model, or export "
-            "target='onnx' alone; see the chained exception",
+            f"ExecuTorch {stage} failed{where}: {type(exc).__name__}: {msg}", target=self.target, hint=hint
         )
 
     def lower(

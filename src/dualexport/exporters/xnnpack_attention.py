@@ -44,6 +44,7 @@ from ..shared_state.passes.graph_edit import (
     call,
     fake_mode_of,
     lift_constant,
+    replace_all_uses,
 )
 
 __all__ = ["XnnpackAttention", "ATTENTION_TABLE", "copy_program", "plan_attention", "mask_layout"]
@@ -415,7 +416,7 @@ class XnnpackAttention(ProgramPass):
                     fake_mode=fake_mode,
                 )
             att.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
-            node.replace_all_uses_with(att)
+            replace_all_uses(program, node, att)
             graph.erase_node(node)
         graph.eliminate_dead_code()
         graph.lint()

@@ -47,6 +47,7 @@ from ..shared_state.passes.graph_edit import (
     constant_scalar,
     fake_mode_of,
     finish_edit,
+    replace_all_uses,
     same_size,
     shape_of,
     structure,
@@ -297,10 +298,10 @@ class BmmAttentionAsSdpa(ProgramPass):
             if mask is not None and mask.meta["val"].dtype != m.q.meta["val"].dtype:
                 keep = False
             else:
-                m.out.replace_all_uses_with(sdpa)
+                replace_all_uses(program, m.out, sdpa)
                 keep = heads.rewritable(new, sdpa)
                 if not keep:
-                    sdpa.replace_all_uses_with(m.out)
+                    replace_all_uses(program, sdpa, m.out)
             if not keep:
                 graph.erase_node(sdpa)
                 if made and mask is not None:

@@ -27,7 +27,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import VIEW_OPS, call, fake_mode_of, lift_constant
+from ..shared_state.passes.graph_edit import VIEW_OPS, call, fake_mode_of, lift_constant, replace_all_uses
 
 __all__ = ["SymbolicViews", "SlicesAsMatmul", "DYNAMIC_PASSES"]
 
@@ -143,7 +143,7 @@ class SlicesAsMatmul(ProgramPass):
                 elif dim != last:
                     back = sorted(range(len(perm)), key=lambda i: perm[i])
                     y = call(graph, aten.permute.default, (y, back), fake_mode=fake_mode)
-            node.replace_all_uses_with(y)
+            replace_all_uses(program, node, y)
             graph.erase_node(node)
             changed = True
         if changed:

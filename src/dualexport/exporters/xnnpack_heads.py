@@ -43,6 +43,7 @@ from ..shared_state.passes.graph_edit import (
     fake_mode_of,
     finish_edit,
     lift_constant,
+    replace_all_uses,
     same_size,
     shape_of,
 )
@@ -394,7 +395,7 @@ class XnnpackHeadAttention(ProgramPass):
                     fake_mode=fake_mode,
                 )
             out.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
-            merge.merged.replace_all_uses_with(out)
+            replace_all_uses(program, merge.merged, out)
             for dead in reversed(merge.path):  # SDPA is tagged nondeterministic: DCE keeps it
                 graph.erase_node(dead)
         return finish_edit(new)

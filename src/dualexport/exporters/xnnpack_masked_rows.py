@@ -30,7 +30,13 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import Inserter, constant_value, fake_mode_of, finish_edit
+from ..shared_state.passes.graph_edit import (
+    Inserter,
+    constant_value,
+    fake_mode_of,
+    finish_edit,
+    replace_all_uses,
+)
 
 __all__ = ["MaskedRowsAsMax", "guarded_mask", "GUARD_WHERES", "GUARD_CASTS"]
 
@@ -100,12 +106,14 @@ class MaskedRowsAsMax(ProgramPass):
             mask = guarded_mask(program, visible) if visible.op == "call_function" else None
             if mask is None:
                 continue
-            self._rewrite(visible, mask, fake_mode)
+            self._rewrite(program, visible, mask, fake_mode)
             changed = True
         return finish_edit(program) if changed else program
 
     @staticmethod
-    def _rewrite(visible: torch.fx.Node, mask: torch.fx.Node, fake_mode: Any) -> None:
+    def _rewrite(
+        program: ExportedProgram, visible: torch.fx.Node, mask: torch.fx.Node, fake_mode: Any
+    ) -> None:
         val = mask.meta["val"]
         lowest = torch.finfo(val.dtype).min
         add = Inserter(visible.graph, visible, fake_mode)
@@ -120,4 +128,4 @@ class MaskedRowsAsMax(ProgramPass):
         factor = add(aten.clamp.default, (add(aten.add.Tensor, (row_max, 1.0)), 0.0, 1.0))
         for user in list(visible.users):
             if user.target is not _ASSERT:
-                user.replace_all_uses_with(clamped if user.target in _WHERES else factor)
+                replace_all_uses(program, user, clamped if user.target in _WHERES else factor)

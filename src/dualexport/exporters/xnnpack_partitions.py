@@ -28,7 +28,13 @@ import torch
 from torch.export import ExportedProgram
 
 from ..shared_state.passes.base import ProgramPass
-from ..shared_state.passes.graph_edit import NodeRewrite, fake_mode_of, finish_edit, lift_constant
+from ..shared_state.passes.graph_edit import (
+    NodeRewrite,
+    fake_mode_of,
+    finish_edit,
+    lift_constant,
+    replace_all_uses,
+)
 
 __all__ = ["UntieEmbeddings", "LinearForTransposedWeight", "SliceOfConcat", "VIEW_OF"]
 
@@ -162,6 +168,6 @@ class SliceOfConcat(ProgramPass):
         for node in list(program.graph.nodes):
             part = _concatenated_part(node) if node.op == "call_function" else None
             if part is not None and str(part.meta["val"].shape) == str(node.meta["val"].shape):
-                node.replace_all_uses_with(part)
+                replace_all_uses(program, node, part)
                 changed = True
         return finish_edit(program) if changed else program

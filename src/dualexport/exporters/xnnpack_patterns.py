@@ -32,6 +32,7 @@ from ..shared_state.passes.graph_edit import (
     constant_scalar,
     fake_mode_of,
     lift_constant,
+    replace_all_uses,
     structure,
 )
 
@@ -157,7 +158,7 @@ class MaskedScoresAsSum(ProgramPass):
                 graph.erase_node(total)
                 continue
             total.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
-            node.replace_all_uses_with(total)
+            replace_all_uses(program, node, total)
             graph.erase_node(node)
             changed = True
         if changed:

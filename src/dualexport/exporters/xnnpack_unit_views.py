@@ -35,6 +35,7 @@ from ..shared_state.passes.graph_edit import (
     fake_mode_of,
     finish_edit,
     lift_constant,
+    replace_all_uses,
     same_size,
     shape_of,
 )
@@ -232,7 +233,7 @@ class UnitDimViews(ProgramPass):
             new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
             values[node] = new
         for exit_view in region.exits:
-            exit_view.replace_all_uses_with(values[exit_view.all_input_nodes[0]])
+            replace_all_uses(program, exit_view, values[exit_view.all_input_nodes[0]])
         for check in region.asserts:
             graph.erase_node(check)
 

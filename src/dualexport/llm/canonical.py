@@ -34,7 +34,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
 from ..compat.torch import detect_fake_mode, is_contiguous_or_false, op_schema, set_graph_signature
-from ..shared_state.passes.graph_edit import VIEW_OPS
+from ..shared_state.passes.graph_edit import VIEW_OPS, replace_all_uses
 
 __all__ = [
     "views_with_one_dynamic_size",
@@ -150,7 +150,7 @@ def mean_as_global_pool(program: ExportedProgram) -> ExportedProgram:
             flat = _call(graph, aten.view.default, (x, [-1, 1, 1, int(xv.shape[-1])]), node)
             pooled = _call(graph, aten.mean.dim, (flat, [2, 3], True), node)
             back = _call(graph, aten.view.default, (pooled, out_shape), node)
-        node.replace_all_uses_with(back)
+        replace_all_uses(program, node, back)
         graph.erase_node(node)
         changed += 1
     return _finish(program, changed, "mean as global pooling")
@@ -280,7 +280,7 @@ def rotate_half_as_linear(program: ExportedProgram) -> ExportedProgram:
             constants[key] = _add_buffer(program, f"rotate_half_{key[0]}", _rotation(*key), node)
         with graph.inserting_before(node):
             linear = _call(graph, aten.linear.default, (x, constants[key]), node)
-        node.replace_all_uses_with(linear)
+        replace_all_uses(program, node, linear)
         _erase_dead(graph, [node, *node.args[0], *(a.args[0] for a in node.args[0])])
         changed += 1
     return _finish(program, changed, "rotate_half as linear")
@@ -333,7 +333,7 @@ def full_slices_as_identity(program: ExportedProgram) -> ExportedProgram:
             or _mutated(node)
         ):
             continue
-        node.replace_all_uses_with(x)
+        replace_all_uses(program, node, x)
         graph.erase_node(node)
         changed += 1
     return _finish(program, changed, "full slices as identity")
@@ -371,7 +371,7 @@ def true_and_as_identity(program: ExportedProgram) -> ExportedProgram:
                 and ov.dtype == torch.bool
                 and ov.shape == out.shape
             ):
-                node.replace_all_uses_with(other)
+                replace_all_uses(program, node, other)
                 node.graph.erase_node(node)
                 _erase_dead(other.graph, [mine])
                 changed += 1

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CaptureError, DualExportError, InputError
+from ..errors import CaptureError, DualExportError, InputError, typed_errors
 from ..exporters import ExportOptions
 
 __all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
@@ -77,6 +77,32 @@ def export_llm(
     not divide stay float32 (logged). Parity of a quantized result is against the quantized
     program (``generation_parity``).
     """
+    with typed_errors("export_llm"):
+        return _export_llm(
+            model,
+            max_seq_len=max_seq_len,
+            out_dir=out_dir,
+            name=name,
+            target=target,
+            quantize=quantize,
+            strict=strict,
+            optimize=optimize,
+            options=options,
+        )
+
+
+def _export_llm(
+    model: nn.Module | str | os.PathLike[str],
+    *,
+    max_seq_len: int,
+    out_dir: str | os.PathLike[str],
+    name: str,
+    target: str | Sequence[str],
+    quantize: str | None,
+    strict: bool,
+    optimize: bool,
+    options: ExportOptions | None,
+) -> Any:
     from .. import api
     from .attention import exported_attention
     from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, past_step, probe_layout

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, typed_errors
 from .layout import LlmLayout, read_layout
 
 __all__ = ["generate", "DecoderSession", "SequenceTooLongError", "Generation", "prompt_ids"]
@@ -179,5 +179,6 @@ def generate(
 
     Raises :class:`SequenceTooLongError` when the prompt plus ``max_new_tokens`` is past the
     file's ``max_seq_len``."""
-    gen = DecoderSession.open(path).generate(input_ids, max_new_tokens, stop_at_eos=stop_at_eos)
+    with typed_errors("generate"):
+        gen = DecoderSession.open(path).generate(input_ids, max_new_tokens, stop_at_eos=stop_at_eos)
     return (gen.tokens, gen.logits) if return_logits else gen.tokens

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import typed_errors
 from ..exporters import ExportOptions, get_exporter
 from ..exporters.cache import link_previous_files, previous_manifest, target_cache_key
 from ..exporters.forked import parallel_worthwhile
@@ -181,7 +182,8 @@ def export_set(
     manifest = build_manifest(shared, published, keys, previous, name, fp, options, bundles)
     if published:
         reused = _link_previous_program(shared, previous, published, fp, set_dir, name)
-        _write_side_files(shared, manifest, published, set_dir, name, example, program_linked=reused)
+        with typed_errors("writing the re-export cache and side files"):
+            _write_side_files(shared, manifest, published, set_dir, name, example, program_linked=reused)
     for problem in manifest.problems():
         logger.warning("weight manifest: %s", problem)
     seconds = {

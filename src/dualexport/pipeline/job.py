@@ -30,11 +30,13 @@ from typing import Any
 from .._memory import release_memory
 from ..errors import DualExportError, InternalError, OnnxLoweringError, XnnpackLoweringError
 from ..exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter
+from ..exporters.base import unsupported_dtype_node
 from ..exporters.cache import link_previous_files
 from ..exporters.delegation import check_full_delegation
 from ..exporters.forked import ForkedCall
 from ..outputs import commit_files, staging_dir
 from ..shared_state import SharedProgram
+from ..shared_state.nodes import describe_node
 from ..shared_state.passes.graph_edit import OWN_CONSTANT_PREFIXES
 from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest, verify_manifest
@@ -165,6 +167,7 @@ class TargetJob:
         if self._error is not None or self._staged is not None:
             return
         try:
+            self._refuse_dtypes()
             decomposed = self.shared.decompose(self.target, self._decompose)
             self._decomposed = decomposed
             holder_ids = {id(t) for t in holder_tensors(self.shared.exported_program).values()}
@@ -236,6 +239,21 @@ class TargetJob:
         with contextlib.suppress(Exception):
             self._pin_ctx.close()
         self._staging_ctx.close()
+
+    def _refuse_dtypes(self) -> None:
+        """A program that computes in a dtype the target's runtime has no kernels for is refused
+        before lowering, naming the first op (rather than a file that fails to load or run)."""
+        found = unsupported_dtype_node(self.shared.exported_program, self.exporter.refused_dtypes)
+        if found is None:
+            return
+        node, dtype = found
+        why, hint = self.exporter.refused_dtypes[dtype]
+        raise _LOWERING_ERRORS[self.target](
+            f"the program computes in {str(dtype).removeprefix('torch.')}, first at "
+            f"{describe_node(node)}: {why}",
+            target=self.target,
+            hint=hint,
+        )
 
     def _decompose(self, program: Any) -> Any:
         """The target's decomposition with its own pass pipeline (as ``options`` says)."""

@@ -19,6 +19,63 @@ def _constant(program: Any, method: str) -> list[int]:
     return [int(v) for v in program.load_method(method).execute([])]
 
 
+#: ExecuTorch's runtime error codes (runtime/core/error.h) a failed method reports
+_ERROR_CODES = {
+    0x01: "Internal",
+    0x02: "InvalidState",
+    0x10: "NotSupported",
+    0x11: "NotImplemented",
+    0x12: "InvalidArgument",
+    0x13: "InvalidType",
+    0x14: "OperatorMissing",
+    0x20: "NotFound",
+    0x21: "MemoryAllocationFailed",
+    0x22: "AccessFailed",
+    0x23: "InvalidProgram",
+    0x30: "DelegateInvalidCompatibility",
+    0x31: "DelegateMemoryAllocationFailed",
+    0x32: "DelegateInvalidHandle",
+}
+
+
+def portable_operators(path: pathlib.Path) -> list[str]:
+    """The ops a .pte runs outside its delegates (the execution plans' operator table): where
+    a run error that is not the input's comes from, since the delegate's ops were checked when
+    it was lowered."""
+    from ..compat.executorch import deserialize_pte
+
+    try:
+        program = deserialize_pte(memoryview(path.read_bytes()))
+        names = {
+            f"{op.name}.{op.overload}" if op.overload else op.name
+            for plan in program.execution_plan
+            for op in plan.operators
+        }
+    except Exception:  # a file the runtime loaded but the serializer cannot read: say nothing
+        return []
+    return sorted(names)
+
+
+def _run_error(path: pathlib.Path, exc: BaseException) -> RuntimeExecutionError:
+    """A method failure named by its error code and the ops outside the delegate."""
+    import re
+
+    text = str(exc)
+    code = re.search(r"0x([0-9a-fA-F]+)", text)
+    label = _ERROR_CODES.get(int(code.group(1), 16)) if code else None
+    ops = portable_operators(path)
+    outside = f"; the ops it runs outside the XNNPACK delegate: {', '.join(ops[:12])}" if ops else ""
+    if len(ops) > 12:
+        outside += f" (+{len(ops) - 12} more)"
+    return RuntimeExecutionError(
+        f"ExecuTorch failed to run {path.name}: {text}" + (f" ({label})" if label else "") + outside,
+        target="xnnpack",
+        hint="an op outside the delegate has no portable kernel for these dtypes or shapes: replace "
+        "it in the model or export target='onnx' alone; if the inputs differ from the example's, "
+        "check their shapes and dtypes against the exported ranges",
+    )
+
+
 class ExecuTorchRunner:
     """A .pte (and its ``.ptd`` when the program keeps its weights there) loaded in ExecuTorch's
     runtime. The program is read first with ``executorch.runtime`` (methods are loaded on demand,
@@ -32,6 +89,7 @@ class ExecuTorchRunner:
         from executorch.runtime import Runtime
 
         path = pathlib.Path(path)
+        self.path = path
         self.data_path = path.with_suffix(DATA_SUFFIX)
         self._method_name = method
         try:
@@ -123,11 +181,7 @@ class ExecuTorchRunner:
         try:
             outs = self._run([t.detach().contiguous() for t in inputs])
         except Exception as exc:
-            raise RuntimeExecutionError(
-                f"ExecuTorch failed to run: {exc}",
-                target="xnnpack",
-                hint="check input shapes and dtypes against the exported program",
-            ) from exc
+            raise _run_error(self.path, exc) from exc
         # Method.execute's outputs alias the method's planned memory, which the next run
         # overwrites; run_method's are clones already (a decoder's cache: 23.6 MB a step on
         # SmolLM2-135M's shape, not copied twice).

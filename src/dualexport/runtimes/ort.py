@@ -20,6 +20,29 @@ ACCURACY_LEVEL_ENTRY = "session.qdq_matmulnbits_accuracy_level"
 __all__ = ["OrtRunner"]
 
 
+def _load_error(path: pathlib.Path, exc: BaseException) -> RuntimeLoadError:
+    """A load failure that names its cause: an op ONNX Runtime has no kernel for (its message
+    names the op and node) is not a damaged file."""
+    import re
+
+    text = str(exc)
+    missing = re.search(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'", text)
+    if missing:
+        op, version, node = missing.groups()
+        return RuntimeLoadError(
+            f"ONNX Runtime has no CPU kernel for {op} (opset {version}) at node '{node}' of {path.name} "
+            "with the input types the file gives it",
+            target="onnx",
+            hint="cast the model and its inputs to float32 (bfloat16 and some float16 ops have no CPU "
+            "kernels), or export target='xnnpack' alone",
+        )
+    return RuntimeLoadError(
+        f"ONNX Runtime could not load {path.name}: {text}",
+        target="onnx",
+        hint="check that the .onnx and its .onnx.data sit in the same folder and are complete",
+    )
+
+
 def _prepacking_changes_numerics(config: dict[str, Any]) -> bool:
     """MatMulNBits above accuracy level 0 runs its int8 kernel only on prepacked weights; without
     prepacking it computes in float (measured: 40.8 dB apart on a 2-layer int4 Llama), so a proof
@@ -81,11 +104,7 @@ class OrtRunner:
         try:
             return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise RuntimeLoadError(
-                f"ONNX Runtime could not load {path.name}: {exc}",
-                target="onnx",
-                hint="check that the .onnx and its .onnx.data sit in the same folder and are complete",
-            ) from exc
+            raise _load_error(path, exc) from exc
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if len(inputs) != len(self.input_names):

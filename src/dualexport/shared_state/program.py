@@ -107,6 +107,23 @@ def _suggested_fixes(exc: BaseException) -> str | None:
     return None
 
 
+def _check_outputs(program: ExportedProgram, what: str) -> None:
+    """Every output a tensor (or None): a Python number or string that forward returns is baked
+    into the trace as a constant, which neither file can return as an output (torch.onnx fails
+    on it, ExecuTorch returns it without computing it), so it is refused where it enters."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    user = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    for i, spec in enumerate(user):
+        if isinstance(spec.arg, ConstantArgument) and spec.arg.value is not None:
+            raise InputError(
+                f"{what}'s forward returns a non-tensor value as output {i}: "
+                f"{type(spec.arg.value).__name__} {spec.arg.value!r}; the trace keeps it as a constant "
+                "that neither artifact can return",
+                hint="return tensors only (e.g. torch.tensor(value)), or drop the value from the outputs",
+            )
+
+
 class SharedProgram:
     """Holds the single source of truth: one ExportedProgram, one state_dict.
 
@@ -205,6 +222,7 @@ class SharedProgram:
         finally:
             for name, m in model.named_modules():
                 m.train(modes.get(name, False))
+        _check_outputs(ep, type(model).__name__)
         shared = cls(
             ep,
             example_args=tuple(args),
@@ -232,6 +250,7 @@ class SharedProgram:
         from .given import align_shape_env, check_program, program_dynamic_shapes, program_inputs
 
         check_program(program)
+        _check_outputs(program, "the program")
         args, kwargs = program_inputs(program, args, kwargs)
         notes = ["taken from a given ExportedProgram (no trace)"]
         aligned = align_shape_env(program)

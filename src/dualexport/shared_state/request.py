@@ -54,8 +54,10 @@ def _check_model(model: Any) -> None:
 
 
 def _check_weights(groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]]) -> None:
-    """Weights on the CPU and finite: a model's parameters and buffers, or a program's
-    state_dict and constants."""
+    """Weights on the CPU and meaningful: no NaN anywhere, no infinity in a parameter (what an
+    optimizer that blew up leaves). A buffer or constant may hold ``-inf``/``inf``: a causal
+    mask registered as ``-inf`` above the diagonal (OpenAI's Whisper, many hand-written
+    transformers) is meaning, not corruption."""
     off_cpu, bad = [], []
     for kind, items in groups:
         for name, t in items:
@@ -63,8 +65,10 @@ def _check_weights(groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]]) -> N
                 continue
             if t.device.type != "cpu":
                 off_cpu.append(f"{kind} {name} ({t.device})")
-            elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-                bad.append(f"{kind} {name}")
+            elif t.is_floating_point() and t.numel():
+                broken = torch.isnan(t).any() if kind in ("buffer", "constant") else ~torch.isfinite(t).all()
+                if bool(broken):
+                    bad.append(f"{kind} {name}")
     if off_cpu:
         raise InputError(
             f"the model's weights must be on the CPU; found {_some(off_cpu)}",
@@ -73,7 +77,8 @@ def _check_weights(groups: Iterable[tuple[str, Iterable[tuple[str, Any]]]]) -> N
         )
     if bad:
         raise InputError(
-            f"the model's weights hold NaN or Inf: {_some(bad)}",
+            f"the model's weights hold NaN or Inf: {_some(bad)} (a buffer may hold -inf, as a "
+            "causal mask does; NaN is refused anywhere, Inf in a parameter)",
             hint="fix or reload the checkpoint; artifacts with non-finite weights "
             "cannot be checked for parity",
         )
@@ -127,6 +132,15 @@ def _check_tensor(path: str, x: torch.Tensor) -> None:
             f"{path} is {what} (strides {tuple(x.stride())}); the artifacts take contiguous inputs, "
             "and a channels_last example makes the ExecuTorch program expect another memory order",
             hint=f"pass {path}.contiguous()",
+        )
+    if x.numel() == 0:
+        dims = [d for d, n in enumerate(x.shape) if n == 0]
+        raise InputError(
+            f"{path} is empty (shape {tuple(x.shape)}: size 0 in dim {dims[0]}); torch.export "
+            "specializes a size-0 dimension, so the files would accept only empty inputs and no "
+            "value could be checked",
+            hint="pass an example with real sizes (2 or more in each dim you mean to vary) and "
+            "declare the range with dynamic_shapes (torch.export.Dim)",
         )
     if (x.is_floating_point() or x.is_complex()) and x.numel() and not bool(torch.isfinite(x).all()):
         n = int((~torch.isfinite(x)).sum())
@@ -346,7 +360,14 @@ def _check_program_request(program: Any, args: Any, kwargs: Any, dynamic_shapes:
             "ones it was exported with (its range_constraints)",
             hint="drop dynamic_shapes, or export the module with the ranges you want and pass that program",
         )
-    _check_weights((("weight", program.state_dict.items()), ("constant", program.constants.items())))
+    buffers = set(program.graph_signature.buffers)
+    _check_weights(
+        (
+            ("parameter", ((k, v) for k, v in program.state_dict.items() if k not in buffers)),
+            ("buffer", ((k, v) for k, v in program.state_dict.items() if k in buffers)),
+            ("constant", program.constants.items()),
+        )
+    )
     args, kwargs = program_inputs(program, args, kwargs)
     _check_inputs(args, kwargs)
 

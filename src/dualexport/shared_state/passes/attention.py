@@ -49,6 +49,7 @@ from .graph_edit import (
     drop_dead_constants,
     fake_mode_of,
     lift_constant,
+    replace_all_uses,
     structure,
 )
 
@@ -233,7 +234,7 @@ class ExplicitMaskedRows(ProgramPass):
                 if factor is not None:
                     with graph.inserting_after(sdpa):
                         scaled = call(graph, aten.mul.Tensor, (sdpa, factor), fake_mode=fake_mode)
-                    sdpa.replace_all_uses_with(scaled, delete_user_cb=_not(scaled))
+                    replace_all_uses(program, sdpa, scaled, delete_user_cb=_not(scaled))
             changed = True
         if changed:
             graph.eliminate_dead_code()

@@ -5,11 +5,19 @@ leave the shared program alone (invariant 4), and a pass that says it returns a 
 not have edited its input on the way. Each pass declares the program it serves (``serves``:
 ``"shared"``, ``"onnx"`` or ``"xnnpack"``) and whether it edits its input (``in_place``); the base
 class checks the second after every call and raises ``PassContractError`` when it is broken.
+
+It also checks that the program it returns is still a valid program where passes most often
+break it: the signature's output names against the graph's output node (cheap, always). Under
+``DUALEXPORT_CHECK_PASSES=1`` (the tests set it) a pass that leaves them apart is an error that
+names the pass; in production the names are repaired from the output node and a warning logged,
+so a user's export does not die on our bookkeeping.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,10 +26,15 @@ from torch.export import ExportedProgram
 
 from ...errors import InternalError
 from ..fingerprint import graph_digest
+from .signature import output_signature_problems, sync_output_signature
 
 __all__ = ["ProgramPass", "PassResult", "PassRecord", "PassContractError", "SERVES"]
 
 SERVES = ("shared", "onnx", "xnnpack")
+
+logger = logging.getLogger(__name__)
+#: set to "1" to turn a pass that leaves the program invalid into an error (the tests do)
+CHECK_ENV = "DUALEXPORT_CHECK_PASSES"
 
 
 class PassContractError(InternalError):
@@ -70,6 +83,14 @@ class ProgramPass(abc.ABC):
             raise PassContractError(
                 f"pass {self.name} declares it returns a new program but edited its input"
             )
+        problems = output_signature_problems(out)
+        if problems:
+            if os.environ.get(CHECK_ENV) == "1":
+                raise PassContractError(
+                    f"pass {self.name} left the output signature apart from the graph: {'; '.join(problems)}"
+                )
+            logger.warning("pass %s: %s (repaired from the output node)", self.name, "; ".join(problems))
+            sync_output_signature(out)
         return PassResult(out, graph_digest(out) != before)
 
     def run(self, program: ExportedProgram) -> tuple[ExportedProgram, PassRecord]:

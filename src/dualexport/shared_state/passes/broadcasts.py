@@ -34,6 +34,7 @@ from .graph_edit import (
     fake_mode_of,
     finish_edit,
     lift_constant,
+    replace_all_uses,
     same_size,
     shape_of,
 )
@@ -207,7 +208,7 @@ class SlicedConstants(ProgramPass):
             with program.graph.inserting_before(node):
                 for step in first[1]:
                     out = call(program.graph, aten.slice.Tensor, (out, *step), fake_mode=fake_mode)
-            node.replace_all_uses_with(out)
+            replace_all_uses(program, node, out)
             if node.target in _IN_PLACE:  # a write to a copy nothing reads now (DCE keeps it)
                 program.graph.erase_node(node)
             changed = True

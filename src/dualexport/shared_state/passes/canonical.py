@@ -36,7 +36,15 @@ from torch.export import ExportedProgram
 
 from ...compat.torch import op_schema
 from .base import ProgramPass
-from .graph_edit import VIEW_OPS, call, constant_value, drop_dead_constants, fake_mode_of, mutated_through
+from .graph_edit import (
+    VIEW_OPS,
+    call,
+    constant_value,
+    drop_dead_constants,
+    fake_mode_of,
+    mutated_through,
+    replace_all_uses,
+)
 from .scalars import AssertOnlyScalars
 
 __all__ = [
@@ -233,7 +241,7 @@ class IndexAsView(ProgramPass):
                             view = call(program.graph, aten.unsqueeze.default, (view, d), fake_mode=fake_mode)
             if view is None:
                 continue
-            node.replace_all_uses_with(view)
+            replace_all_uses(program, node, view)
             program.graph.erase_node(node)
             changed = True
         if changed:
@@ -286,7 +294,7 @@ class SqueezeOnlyUnitDims(ProgramPass):
             elif node in outputs:  # the signature names it (and an output must not alias an input)
                 node.target, node.args = aten.clone.default, (src,)
             else:
-                node.replace_all_uses_with(src)
+                replace_all_uses(program, node, src)
                 program.graph.erase_node(node)
             changed = True
         if changed:

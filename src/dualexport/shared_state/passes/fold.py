@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 
 from ...compat.torch import OpOverload, op_schema
 from .base import ProgramPass
-from .graph_edit import drop_dead_constants, fake_mode_of, lift_constant
+from .graph_edit import drop_dead_constants, fake_mode_of, lift_constant, replace_all_uses
 
 __all__ = ["fold_constants", "FoldConstants", "FOLD_MAX_BYTES"]
 
@@ -182,7 +182,7 @@ def fold_constants(
     for node in frontier:
         tensor = values[node].detach().contiguous().clone()
         ph = lift_constant(program, tensor, meta_from=node, fake_mode=fake_mode)
-        node.replace_all_uses_with(ph)
+        replace_all_uses(program, node, ph)
     graph.eliminate_dead_code()
     if drop_unused:
         drop_dead_constants(program)  # lifted constants nothing reads any more

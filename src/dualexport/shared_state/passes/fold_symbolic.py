@@ -29,7 +29,14 @@ from torch.export import ExportedProgram
 
 from .base import ProgramPass
 from .fold import _NEVER_FOLD, FOLD_MAX_BYTES, _constant_inputs, _foldable_op, _written
-from .graph_edit import call, constant_value, drop_dead_constants, fake_mode_of, lift_constant
+from .graph_edit import (
+    call,
+    constant_value,
+    drop_dead_constants,
+    fake_mode_of,
+    lift_constant,
+    replace_all_uses,
+)
 
 __all__ = ["FoldSymbolic", "CHECK_BUDGET"]
 
@@ -221,7 +228,7 @@ class FoldSymbolic(ProgramPass):
             if written:
                 out = call(graph, aten.clone.default, (out,), fake_mode=fake_mode)
         out.meta["val"] = val  # the same symbolic shape as the value it replaces
-        node.replace_all_uses_with(out)
+        replace_all_uses(program, node, out)
         return True
 
 
@@ -308,6 +315,6 @@ def _drop_unit_factors(program: ExportedProgram) -> bool:
             continue
         if any(str(a) != str(b) for a, b in zip(xv.shape, out.shape, strict=True)):
             continue
-        node.replace_all_uses_with(x)
+        replace_all_uses(program, node, x)
         changed = True
     return changed

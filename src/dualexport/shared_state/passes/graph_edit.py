@@ -18,6 +18,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 
 from ...compat.torch import OpOverload, detect_fake_mode, graph_used_names, op_schema, set_graph_signature
 from .base import ProgramPass
+from .signature import output_signature_problems, sync_output_signature
 
 __all__ = [
     "lift_constant",
@@ -37,6 +38,9 @@ __all__ = [
     "same_size",
     "mutated_through",
     "structure",
+    "replace_all_uses",
+    "output_signature_problems",
+    "sync_output_signature",
 ]
 
 aten = torch.ops.aten
@@ -224,10 +228,33 @@ def drop_dead_code(graph: torch.fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def replace_all_uses(
+    program: ExportedProgram,
+    old: torch.fx.Node,
+    new: torch.fx.Node,
+    *,
+    delete_user_cb: Any = None,
+    carry_meta: bool = False,
+) -> list[torch.fx.Node]:
+    """``old``'s uses rewired to ``new`` everywhere, the graph's outputs and the program's
+    output signature included (``Node.replace_all_uses_with`` alone leaves the signature naming
+    ``old`` when it was returned). ``carry_meta`` copies ``old``'s source location onto ``new``."""
+    if carry_meta:
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in old.meta and key not in new.meta:
+                new.meta[key] = old.meta[key]
+    kwargs = {} if delete_user_cb is None else {"delete_user_cb": delete_user_cb}
+    users = old.replace_all_uses_with(new, **kwargs)
+    if any(u.op == "output" for u in users):
+        sync_output_signature(program)
+    return users
+
+
 def finish_edit(program: ExportedProgram) -> ExportedProgram:
     """After a pass edited ``program``'s graph: dead code dropped, the graph checked and its code
     regenerated (what every rewrite ends with)."""
     drop_dead_code(program.graph)
+    sync_output_signature(program)
     program.graph.lint()
     program.graph_module.recompile()
     return program
@@ -334,11 +361,7 @@ class NodeRewrite(ProgramPass):
                 continue
             with program.graph.inserting_before(node):
                 new = call(program.graph, *found, fake_mode=fake_mode)
-            node.replace_all_uses_with(new)
+            replace_all_uses(program, node, new)
             program.graph.erase_node(node)
             changed = True
-        if changed:
-            program.graph.eliminate_dead_code()
-            program.graph.lint()
-            program.graph_module.recompile()
-        return program
+        return finish_edit(program) if changed else program

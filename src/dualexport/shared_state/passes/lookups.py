@@ -37,6 +37,7 @@ from .graph_edit import (
     finish_edit,
     lift_constant,
     mutated_through,
+    replace_all_uses,
     same_size,
 )
 
@@ -116,7 +117,7 @@ class IntegerIdentities(ProgramPass):
                 same_size(a, b) for a, b in zip(out.shape, xv.shape, strict=True)
             ):
                 continue  # the other operand broadcast x to a larger shape
-            node.replace_all_uses_with(x)
+            replace_all_uses(program, node, x)
             program.graph.erase_node(node)
             changed = True
         if changed:
@@ -194,7 +195,7 @@ class UniformLookup(ProgramPass):
             new.meta.update(
                 {k2: v for k2, v in node.meta.items() if k2 in ("stack_trace", "nn_module_stack")}
             )
-            node.replace_all_uses_with(new)
+            replace_all_uses(program, node, new)
             program.graph.erase_node(node)
             changed = True
         if changed:
