@@ -35,7 +35,6 @@ __all__ = [
     "DelegationError",
     "ProgramMutatedError",
     "RangeNarrowedError",
-    "typed_errors",
 ]
 
 
