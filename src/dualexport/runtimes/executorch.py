@@ -48,7 +48,7 @@ def portable_operators(path: pathlib.Path) -> list[str]:
         program = deserialize_pte(memoryview(path.read_bytes()))
         names = {
             f"{op.name}.{op.overload}" if op.overload else op.name
-            for plan in program.execution_plan
+            for plan in program.program.execution_plan
             for op in plan.operators
         }
     except Exception:  # a file the runtime loaded but the serializer cannot read: say nothing
