@@ -376,6 +376,23 @@ def test_readers_share_the_lock_writers_exclude(tmp_path: pathlib.Path) -> None:
                 pass
 
 
+def test_a_child_forked_under_the_lock_does_not_keep_it(tmp_path: pathlib.Path) -> None:
+    """Issue 49: a child forked while an export held the lock (a forked lowering, an isolated
+    runtime kept alive) shares the lock's file description; the same process's next export (a
+    fallback that exports again) must still get the lock once the first let it go."""
+    with export_lock(tmp_path, "s"):
+        pid = os.fork()
+        if pid == 0:  # the child outlives the export's lock, holding the inherited descriptor
+            time.sleep(30)
+            os._exit(0)
+    try:
+        with export_lock(tmp_path, "s"):
+            pass
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_commit_that_cannot_be_finished_says_so(tmp_path: pathlib.Path) -> None:
     """If the staged files of a journal are gone (deleted by hand), recovery refuses to call the
     folder complete instead of recording a mix as the current set."""

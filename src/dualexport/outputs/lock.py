@@ -55,4 +55,10 @@ def export_lock(out_dir: pathlib.Path, name: str, *, shared: bool = False) -> It
             remove_dead_leftovers(out_dir, keep=pending_staging(out_dir))
         yield True
     finally:
+        # Unlocked explicitly, not by the close alone: a child forked meanwhile (a forked
+        # lowering, an isolated runtime kept for the next run) shares the open file description,
+        # and a close would leave the lock held by it: the same process's next export (a
+        # fallback that exports again) was then told another export was writing.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
