@@ -234,15 +234,10 @@ def replace_all_uses(
     new: torch.fx.Node,
     *,
     delete_user_cb: Any = None,
-    carry_meta: bool = False,
 ) -> list[torch.fx.Node]:
     """``old``'s uses rewired to ``new`` everywhere, the graph's outputs and the program's
     output signature included (``Node.replace_all_uses_with`` alone leaves the signature naming
-    ``old`` when it was returned). ``carry_meta`` copies ``old``'s source location onto ``new``."""
-    if carry_meta:
-        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-            if key in old.meta and key not in new.meta:
-                new.meta[key] = old.meta[key]
+    ``old`` when it was returned)."""
     kwargs = {} if delete_user_cb is None else {"delete_user_cb": delete_user_cb}
     users = old.replace_all_uses_with(new, **kwargs)
     if any(u.op == "output" for u in users):
