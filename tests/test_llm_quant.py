@@ -43,8 +43,6 @@ CASES = {
 #: default run keeps the unit checks below (refusals, encodings, the margin bound, CLI choices)
 FAST: tuple[str, ...] = ()
 LINEARS = 7 * COMMON["num_hidden_layers"] + 1  # q, k, v, o, gate, up, down per layer; lm_head
-#: int4 quantizes the output head (lm_head) to 8 bits per channel (SCHEMES["int4"].head)
-INT4_LINEARS = LINEARS - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +209,7 @@ def test_onnx_runtime_fuses_every_linear_into_matmulnbits(
     path = quantized.res.artifacts["onnx"].path
     ops = ort_optimized_ops(path, tmp_path)
     if quantized.scheme == "int4":
-        assert ops["MatMulNBits"] == INT4_LINEARS, dict(ops)
+        assert ops["MatMulNBits"] == LINEARS, dict(ops)
         import onnx
 
         model = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
@@ -245,8 +243,8 @@ def test_files_store_half_a_byte_per_int4_weight(quantized: Quantized) -> None:
         read_onnx(pathlib.Path(art["onnx"].path)),
         read_pte(pathlib.Path(art["xnnpack"].path)),
     )
+    per_byte = 2 if quantized.scheme == "int4" else 1
     for names in quantized_weights(quantized.res.program.exported_program).values():
-        per_byte = 2 if names["codes"].endswith("int4_codes") else 1
         entry = quantized.res.manifest.entry(names["codes"])
         numel = entry.nbytes  # int8 storage in the holder: one byte per weight
         (onnx_copy,) = entry.copies["onnx"]
@@ -313,7 +311,7 @@ def test_bad_quantize_values_are_refused(tmp_path: pathlib.Path) -> None:
     with pytest.raises(InputError, match="optimize=False"):
         dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, quantize="int8", optimize=False)
     assert not any(tmp_path.iterdir())
-    assert set(SCHEMES) == {"int4", "int8"}
+    assert set(SCHEMES) == {"int4", "int4-asym", "int8"}
 
 
 def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
@@ -356,9 +354,7 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     from dualexport.llm.quantize import FLOAT_LINEARS_KEY, quantize_linears
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 16), torch.nn.ReLU()
-    ).eval()  # the last ReLU: no linear is the output head (which int4 quantizes to int8)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 16)).eval()
     x = torch.randn(2, 64)
     program = torch.export.export(model, (x,))
     with caplog.at_level(logging.WARNING, logger="dualexport.llm.quantize"):
@@ -377,12 +373,13 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     assert 0 < err < 0.1 * float(want.abs().max()), err
 
 
-def test_int4_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
+def test_int4_asym_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
     """Issue 49: weights on a Q4_1 grid (per group of 32: a scale d and a minimum m, w = m + d q,
-    q in 0..15, as a 4-bit GGUF holds them) are held by int4's asymmetric grid within the
-    bfloat16 rounding of the scale, where the symmetric grid re-rounds them; the output head
-    (a linear whose result is returned) gets 8-bit per-channel codes."""
-    from dualexport.llm.quantize import WeightScheme, quantize_linears, quantize_weight
+    q in 0..15, as a 4-bit GGUF holds them) are held by ``int4-asym``'s grid within the bfloat16
+    rounding of the scale, where the symmetric ``int4`` re-rounds them; its output head (a linear
+    whose result is returned) gets 8-bit per-channel codes, and the program stays the model's
+    function within the activations' 8-bit rounding."""
+    from dualexport.llm.quantize import quantize_linears, quantize_weight
 
     torch.manual_seed(0)
     n, k = 64, 128
@@ -391,12 +388,11 @@ def test_int4_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
     q = torch.randint(0, 16, (n, k // 32, 32)).float()
     q[..., 0], q[..., 1] = 0, 15  # Q4_1 puts each group's minimum at 0 and maximum at 15
     w = (m.unsqueeze(-1) + d.unsqueeze(-1) * q).view(n, k)
-    held = quantize_weight(w, SCHEMES["int4"])
+    held = quantize_weight(w, SCHEMES["int4-asym"])
     assert held.offsets is not None and int(held.codes.min()) >= -8 and int(held.codes.max()) <= 7
     assert bool((held.zero_points == 0).all())  # the kernels' symmetric codes
     exact = float((held.dequantize(32) - w).abs().max())
-    symmetric = quantize_weight(w, WeightScheme("int4-sym", 4, 32))
-    rerounded = float((symmetric.dequantize(32) - w).abs().max())
+    rerounded = float((quantize_weight(w, SCHEMES["int4"]).dequantize(32) - w).abs().max())
     assert exact < 1e-6 and rerounded > 100 * exact, (exact, rerounded)
 
     model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.ReLU(), torch.nn.Linear(n, 16)).eval()
@@ -404,9 +400,9 @@ def test_int4_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
         model[0].weight.copy_(w)
     x = torch.randn(3, k)
     program = torch.export.export(model, (x,))
-    quantize_linears(program, SCHEMES["int4"])
-    assert sorted(quantized_weights(program)) == ["0.int4_codes", "2.int8_codes"]
-    assert "0.int4_offsets" in program.state_dict
+    quantize_linears(program, SCHEMES["int4-asym"])
+    assert sorted(quantized_weights(program)) == ["0.int4_asym_codes", "2.int8_codes"]
+    assert "0.int4_asym_offsets" in program.state_dict
     with torch.no_grad():
         want, got = model(x), program.module()(x)
     snr = 10 * math.log10(float(want.pow(2).mean()) / float((got - want).pow(2).mean()))
@@ -469,9 +465,7 @@ def test_weights_read_by_other_matmuls_are_listed_and_a_program_without_linears_
 
     torch.manual_seed(0)
     x = torch.randn(2, 64)
-    mixed = torch.export.export(
-        torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32), torch.nn.ReLU()).eval(), (x,)
-    )
+    mixed = torch.export.export(torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32)).eval(), (x,))
     quantize_linears(mixed, SCHEMES["int4"])
     assert list(quantized_weights(mixed)) == ["1.int4_codes"]
     assert "not a linear" in mixed.graph_module.meta[FLOAT_LINEARS_KEY]["0.weight"]
@@ -507,11 +501,10 @@ def test_accuracy_level_4_runs_float_activations_into_matmulnbits(tmp_path: path
     written = collections.Counter(
         n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node
     )
-    # only the 8-bit head keeps its activation's quantization (two Rounds: zero point, values)
-    assert written["Round"] == 2 and written["DequantizeLinear"] == INT4_LINEARS, dict(written)
+    assert written["Round"] == 0 and written["DequantizeLinear"] == LINEARS, dict(written)
     assert any("quantize_affine" in str(n.target) for n in res.program.exported_program.graph.nodes)
     ops = ort_optimized_ops(path, tmp_path)
-    assert ops["MatMulNBits"] == INT4_LINEARS, dict(ops)
+    assert ops["MatMulNBits"] == LINEARS, dict(ops)
     fused = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
     attrs = {
         a.name: onnx.helper.get_attribute_value(a)
@@ -577,3 +570,23 @@ def test_accuracy_levels_other_than_0_and_4_are_refused() -> None:
     assert ExportOptions().onnx_int4_accuracy_level == 0
     with pytest.raises(InputError, match="onnx_int4_accuracy_level"):
         ExportOptions(onnx_int4_accuracy_level=2)
+
+
+@pytest.mark.slow
+def test_int4_asym_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.Path) -> None:
+    """``quantize="int4-asym"`` end to end on a tiny Llama: both files published and proven, the
+    group offsets stored bit for bit in both, every int4 linear fused into MatMulNBits (the 8-bit
+    head is not), one XNNPACK delegate, and greedy generation on both files matching the
+    quantized program."""
+    model = make_model("llama")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4-asym")
+    assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
+    res.verify_weights()
+    offsets = [e for e in res.manifest.entries if e.name.endswith("int4_asym_offsets")]
+    assert len(offsets) == LINEARS - 1 and all(set(e.copies) == {"onnx", "xnnpack"} for e in offsets)
+    ops = ort_optimized_ops(res.artifacts["onnx"].path, tmp_path)
+    assert ops["MatMulNBits"] == LINEARS - 1, dict(ops)
+    d = res.artifacts["xnnpack"].delegation
+    assert d.subgraphs == 1 and d.delegated_share >= 0.90, d.to_markdown()
+    report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+    assert report.ok, report.to_markdown()

@@ -96,7 +96,7 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
     e.add_argument("--out", default="dualexport_out", help="output folder")
     e.add_argument("--name", default="model", help="file name stem of the artifacts")
     e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
-    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4"))
+    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4", "int4-asym"))
     e.add_argument(
         "--ort-int4-accuracy-level",
         type=int,
