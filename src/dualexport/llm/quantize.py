@@ -330,7 +330,13 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
 #: a weight's quantized buffers: codes, scales, zero points, and the group offsets (or None)
 _Buffers = tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node, "torch.fx.Node | None"]
 #: ops that pass a value through unchanged on its way to an output (a head's logits)
-_PASS_THROUGH = (aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.alias.default)
+_PASS_THROUGH = (
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.alias.default,
+    aten.slice.Tensor,  # the logits of the last position
+)
 
 
 def _output_heads(program: ExportedProgram) -> set[torch.fx.Node]:
@@ -338,14 +344,14 @@ def _output_heads(program: ExportedProgram) -> set[torch.fx.Node]:
     head (a decoder's logits)."""
     out = program.graph.output_node()
     heads: set[torch.fx.Node] = set()
-    stack = [a for a in out.all_input_nodes]
+    stack = list(out.all_input_nodes)
     while stack:
         node = stack.pop()
         if node.op != "call_function":
             continue
         if node.target is aten.linear.default:
             heads.add(node)
-        elif node.target in _PASS_THROUGH or "slice" in str(node.target):
+        elif node.target in _PASS_THROUGH:
             stack.extend(node.all_input_nodes[:1])
     return heads
 
