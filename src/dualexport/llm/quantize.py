@@ -311,7 +311,7 @@ def quantize_linears(program: ExportedProgram, scheme: WeightScheme) -> Exported
             hint="quantization rewrites aten.linear with a parameter weight (a Conv1D written as "
             "addmm, as GPT-2's, is not one); export with quantize=None",
         )
-    dropped = _drop_float_weights(program, sig, specs, new_specs, params, weights)
+    dropped = _drop_float_weights(program, specs, new_specs, params, weights)
     graph.lint()
     program.graph_module.recompile()
     logger.info(
@@ -478,7 +478,6 @@ def _group_sum_matrix(
 
 def _drop_float_weights(
     program: ExportedProgram,
-    sig: ExportGraphSignature,
     specs: list[Any],
     new_specs: list[Any],
     params: dict[str, str],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Any
 
 import torch
@@ -58,8 +59,6 @@ def portable_operators(path: pathlib.Path) -> list[str]:
 
 def _run_error(path: pathlib.Path, exc: BaseException) -> RuntimeExecutionError:
     """A method failure named by its error code and the ops outside the delegate."""
-    import re
-
     text = str(exc)
     code = re.search(r"0x([0-9a-fA-F]+)", text)
     label = _ERROR_CODES.get(int(code.group(1), 16)) if code else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Any
 
 import numpy as np
@@ -23,8 +24,6 @@ __all__ = ["OrtRunner"]
 def _load_error(path: pathlib.Path, exc: BaseException) -> RuntimeLoadError:
     """A load failure that names its cause: an op ONNX Runtime has no kernel for (its message
     names the op and node) is not a damaged file."""
-    import re
-
     text = str(exc)
     missing = re.search(r"implementation for (\w+)\((\d+)\) node with name '([^']*)'", text)
     if missing:

@@ -22,49 +22,46 @@ from ...compat.torch import set_graph_signature
 __all__ = ["output_signature_problems", "sync_output_signature"]
 
 
-def _output_args(program: ExportedProgram) -> list[Any]:
-    """The graph output node's values, flat, in the order of the signature's output specs."""
+def _renamed(program: ExportedProgram) -> list[tuple[int, Any, torch.fx.Node]] | None:
+    """(index, spec, returned node) of each output spec that names another node than the graph
+    returns there; None when the two do not even count the same outputs."""
     out = program.graph.output_node()
     args = out.args[0] if out.args else ()
-    return list(args) if isinstance(args, (tuple, list)) else [args]
+    returned = list(args) if isinstance(args, (tuple, list)) else [args]
+    specs = program.graph_signature.output_specs
+    if len(specs) != len(returned):
+        return None
+    return [
+        (i, spec, arg)
+        for i, (spec, arg) in enumerate(zip(specs, returned, strict=True))
+        if isinstance(arg, torch.fx.Node) and getattr(spec.arg, "name", None) not in (None, arg.name)
+    ]
 
 
 def output_signature_problems(program: ExportedProgram) -> list[str]:
     """Where the signature's output specs no longer name what the graph returns (a pass that
     replaced a returned node with ``Node.replace_all_uses_with`` leaves the old name behind, and
     torch.export's verifier then refuses the program at the next save or decomposition)."""
-    specs = program.graph_signature.output_specs
-    args = _output_args(program)
-    if len(specs) != len(args):
-        return [f"the graph returns {len(args)} values, the signature names {len(specs)}"]
-    problems = []
-    for i, (spec, arg) in enumerate(zip(specs, args, strict=True)):
-        named = getattr(spec.arg, "name", None)
-        if isinstance(arg, torch.fx.Node) and named is not None and named != arg.name:
-            problems.append(
-                f"output {i} ({spec.kind.name}) is named {named!r} but the graph returns {arg.name!r}"
-            )
-    return problems
+    renamed = _renamed(program)
+    if renamed is None:
+        return ["the graph returns another number of values than the signature names"]
+    return [
+        f"output {i} ({spec.kind.name}) is named {spec.arg.name!r} but the graph returns {arg.name!r}"
+        for i, spec, arg in renamed
+    ]
 
 
 def sync_output_signature(program: ExportedProgram) -> bool:
     """The signature's output specs renamed after the nodes the graph returns (kinds and targets
     kept): the output node is the truth, the specs only mirror its names. True if any changed."""
-    specs = list(program.graph_signature.output_specs)
-    args = _output_args(program)
-    if len(specs) != len(args):
+    renamed = _renamed(program)
+    if not renamed:
         return False
-    changed = False
-    for i, (spec, arg) in enumerate(zip(specs, args, strict=True)):
-        named = getattr(spec.arg, "name", None)
-        if isinstance(arg, torch.fx.Node) and named is not None and named != arg.name:
-            specs[i] = OutputSpec(
-                kind=spec.kind, arg=dataclasses.replace(spec.arg, name=arg.name), target=spec.target
-            )
-            changed = True
-    if changed:
-        sig = program.graph_signature
-        set_graph_signature(
-            program, ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=specs)
+    sig = program.graph_signature
+    specs = list(sig.output_specs)
+    for i, spec, arg in renamed:
+        specs[i] = OutputSpec(
+            kind=spec.kind, arg=dataclasses.replace(spec.arg, name=arg.name), target=spec.target
         )
-    return changed
+    set_graph_signature(program, ExportGraphSignature(input_specs=list(sig.input_specs), output_specs=specs))
+    return True
