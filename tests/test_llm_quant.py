@@ -35,8 +35,8 @@ T = 32
 NEW = 8
 #: Llama's hidden 64 and intermediate 128 are multiples of the group (32): every linear quantized.
 CASES = {
-    "llama-int4": ("llama", "int4"),
-    "qwen3-int4": ("qwen3", "int4"),  # q/k norm, head_dim 16
+    "llama-int4": ("llama", "int4-sym"),
+    "qwen3-int4": ("qwen3", "int4-sym"),  # q/k norm, head_dim 16
     "llama-int8": ("llama", "int8"),
 }
 #: every case exports a decoder and lowers it twice (~160 s on 2 cores): all in `make test-slow`; the
@@ -123,7 +123,7 @@ def test_codes_and_scales_proven_in_both_files(quantized: Quantized) -> None:
                 stored = [c for c in entry.copies[target] if c.status in ("exact", "transformed")]
                 assert stored, (names[role], target, entry.copies[target])
     codes = manifest.entry(next(iter(groups.values()))["codes"])
-    if quantized.scheme == "int4":
+    if quantized.scheme == "int4-sym":
         (onnx_copy,) = codes.copies["onnx"]
         assert (onnx_copy.status, onnx_copy.encoding, onnx_copy.permutation) == (
             "transformed",
@@ -155,7 +155,7 @@ def test_a_changed_code_on_disk_fails_the_proof(exports: Any, tmp_path: pathlib.
             shutil.copy(f, tmp_path / f.name)
     copy = tmp_path / pathlib.Path(onnx_path).name
     model = onnx.load(str(copy), load_external_data=False)
-    init = next(i for i in model.graph.initializer if i.name.endswith("q_proj.int4_codes.kn"))
+    init = next(i for i in model.graph.initializer if i.name.endswith("q_proj.int4_sym_codes.kn"))
     if init.HasField("raw_data"):
         raw = bytearray(init.raw_data)
         raw[0] ^= 0x01
@@ -168,7 +168,7 @@ def test_a_changed_code_on_disk_fails_the_proof(exports: Any, tmp_path: pathlib.
         blob[int(info.get("offset", 0))] ^= 0x01
         data.write_bytes(bytes(blob))
     holder = {k: v for k, v in q.res.program.exported_program.state_dict.items()}
-    with pytest.raises(WeightMismatchError, match="q_proj.int4_codes"):
+    with pytest.raises(WeightMismatchError, match="q_proj.int4_sym_codes"):
         verify_manifest(q.res.manifest, tmp_path, holder)
 
 
@@ -187,7 +187,7 @@ def test_a_retrained_quantized_decoder_ships_its_new_codes(exports: Any, tmp_pat
     with torch.no_grad():  # one "training step": every parameter moves
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    res = dx.export_llm(model, max_seq_len=T, out_dir=out, name=q.arch, quantize="int4")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=out, name=q.arch, quantize=q.scheme)
     assert res.ok, dict(res.errors)
     for target, art in res.artifacts.items():
         assert isinstance(art.outcome, (dx.Lowered, dx.Patched)), (target, art.outcome)
@@ -208,7 +208,7 @@ def test_onnx_runtime_fuses_every_linear_into_matmulnbits(
     quantized linear: no float weight is rebuilt at load."""
     path = quantized.res.artifacts["onnx"].path
     ops = ort_optimized_ops(path, tmp_path)
-    if quantized.scheme == "int4":
+    if quantized.scheme == "int4-sym":
         assert ops["MatMulNBits"] == LINEARS, dict(ops)
         import onnx
 
@@ -243,7 +243,7 @@ def test_files_store_half_a_byte_per_int4_weight(quantized: Quantized) -> None:
         read_onnx(pathlib.Path(art["onnx"].path)),
         read_pte(pathlib.Path(art["xnnpack"].path)),
     )
-    per_byte = 2 if quantized.scheme == "int4" else 1
+    per_byte = 2 if quantized.scheme == "int4-sym" else 1
     for names in quantized_weights(quantized.res.program.exported_program).values():
         entry = quantized.res.manifest.entry(names["codes"])
         numel = entry.nbytes  # int8 storage in the holder: one byte per weight
@@ -311,7 +311,7 @@ def test_bad_quantize_values_are_refused(tmp_path: pathlib.Path) -> None:
     with pytest.raises(InputError, match="optimize=False"):
         dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, quantize="int8", optimize=False)
     assert not any(tmp_path.iterdir())
-    assert set(SCHEMES) == {"int4", "int4-asym", "int8"}
+    assert set(SCHEMES) == {"int4", "int4-sym", "int8"}
 
 
 def test_cli_quantize_choices(capsys: pytest.CaptureFixture[str]) -> None:
@@ -358,8 +358,8 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     x = torch.randn(2, 64)
     program = torch.export.export(model, (x,))
     with caplog.at_level(logging.WARNING, logger="dualexport.llm.quantize"):
-        quantize_linears(program, SCHEMES["int4"])
-    assert list(quantized_weights(program)) == ["0.int4_codes"]
+        quantize_linears(program, SCHEMES["int4-sym"])
+    assert list(quantized_weights(program)) == ["0.int4_sym_codes"]
     assert "2.weight" in program.state_dict and "0.weight" not in program.state_dict
     assert set(program.graph_module.meta[FLOAT_LINEARS_KEY]) == {"2.weight"}
     assert "2.weight is not quantized" in caplog.text
@@ -373,10 +373,10 @@ def test_linears_the_group_does_not_divide_stay_float(caplog: pytest.LogCaptureF
     assert 0 < err < 0.1 * float(want.abs().max()), err
 
 
-def test_int4_asym_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
+def test_int4_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> None:
     """Issue 49: weights on a Q4_1 grid (per group of 32: a scale d and a minimum m, w = m + d q,
-    q in 0..15, as a 4-bit GGUF holds them) are held by ``int4-asym``'s grid within the bfloat16
-    rounding of the scale, where the symmetric ``int4`` re-rounds them; its output head (a linear
+    q in 0..15, as a 4-bit GGUF holds them) are held by ``int4``'s grid within the bfloat16
+    rounding of the scale, where the symmetric ``int4-sym`` re-rounds them; its output head (a linear
     whose result is returned) gets 8-bit per-channel codes, and the program stays the model's
     function within the activations' 8-bit rounding."""
     from dualexport.llm.quantize import quantize_linears, quantize_weight
@@ -388,11 +388,11 @@ def test_int4_asym_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> 
     q = torch.randint(0, 16, (n, k // 32, 32)).float()
     q[..., 0], q[..., 1] = 0, 15  # Q4_1 puts each group's minimum at 0 and maximum at 15
     w = (m.unsqueeze(-1) + d.unsqueeze(-1) * q).view(n, k)
-    held = quantize_weight(w, SCHEMES["int4-asym"])
+    held = quantize_weight(w, SCHEMES["int4"])
     assert held.offsets is not None and int(held.codes.min()) >= -8 and int(held.codes.max()) <= 7
     assert bool((held.zero_points == 0).all())  # the kernels' symmetric codes
     exact = float((held.dequantize(32) - w).abs().max())
-    rerounded = float((quantize_weight(w, SCHEMES["int4"]).dequantize(32) - w).abs().max())
+    rerounded = float((quantize_weight(w, SCHEMES["int4-sym"]).dequantize(32) - w).abs().max())
     assert exact < 1e-6 and rerounded > 100 * exact, (exact, rerounded)
 
     model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.ReLU(), torch.nn.Linear(n, 16)).eval()
@@ -400,9 +400,9 @@ def test_int4_asym_holds_a_4bit_gguf_grid_and_quantizes_the_head_to_8_bits() -> 
         model[0].weight.copy_(w)
     x = torch.randn(3, k)
     program = torch.export.export(model, (x,))
-    quantize_linears(program, SCHEMES["int4-asym"])
-    assert sorted(quantized_weights(program)) == ["0.int4_asym_codes", "2.int8_codes"]
-    assert "0.int4_asym_offsets" in program.state_dict
+    quantize_linears(program, SCHEMES["int4"])
+    assert sorted(quantized_weights(program)) == ["0.int4_codes", "2.int8_codes"]
+    assert "0.int4_offsets" in program.state_dict
     with torch.no_grad():
         want, got = model(x), program.module()(x)
     snr = 10 * math.log10(float(want.pow(2).mean()) / float((got - want).pow(2).mean()))
@@ -466,12 +466,12 @@ def test_weights_read_by_other_matmuls_are_listed_and_a_program_without_linears_
     torch.manual_seed(0)
     x = torch.randn(2, 64)
     mixed = torch.export.export(torch.nn.Sequential(Conv1D(64, 64), torch.nn.Linear(64, 32)).eval(), (x,))
-    quantize_linears(mixed, SCHEMES["int4"])
-    assert list(quantized_weights(mixed)) == ["1.int4_codes"]
+    quantize_linears(mixed, SCHEMES["int4-sym"])
+    assert list(quantized_weights(mixed)) == ["1.int4_sym_codes"]
     assert "not a linear" in mixed.graph_module.meta[FLOAT_LINEARS_KEY]["0.weight"]
     only_conv1d = torch.export.export(Conv1D(64, 64).eval(), (x,))
     with pytest.raises(InputError, match="found no linear to quantize"):
-        quantize_linears(only_conv1d, SCHEMES["int4"])
+        quantize_linears(only_conv1d, SCHEMES["int4-sym"])
 
 
 # ------------------------------------------------------------- ONNX Runtime's int8 kernel (opt-in)
@@ -493,7 +493,7 @@ def test_accuracy_level_4_runs_float_activations_into_matmulnbits(tmp_path: path
         out_dir=tmp_path / "out",
         name="llama",
         target="onnx",
-        quantize="int4",
+        quantize="int4-sym",
         options=ExportOptions(onnx_int4_accuracy_level=4),
     )
     assert res.ok, dict(res.errors)
@@ -573,16 +573,16 @@ def test_accuracy_levels_other_than_0_and_4_are_refused() -> None:
 
 
 @pytest.mark.slow
-def test_int4_asym_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.Path) -> None:
-    """``quantize="int4-asym"`` end to end on a tiny Llama: both files published and proven, the
+def test_int4_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.Path) -> None:
+    """``quantize="int4"`` (group offsets, 8-bit head) end to end on a tiny Llama: both files published and proven, the
     group offsets stored bit for bit in both, every int4 linear fused into MatMulNBits (the 8-bit
     head is not), one XNNPACK delegate, and greedy generation on both files matching the
     quantized program."""
     model = make_model("llama")
-    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4-asym")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4")
     assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
     res.verify_weights()
-    offsets = [e for e in res.manifest.entries if e.name.endswith("int4_asym_offsets")]
+    offsets = [e for e in res.manifest.entries if e.name.endswith("int4_offsets")]
     assert len(offsets) == LINEARS - 1 and all(set(e.copies) == {"onnx", "xnnpack"} for e in offsets)
     ops = ort_optimized_ops(res.artifacts["onnx"].path, tmp_path)
     assert ops["MatMulNBits"] == LINEARS - 1, dict(ops)
@@ -590,3 +590,20 @@ def test_int4_asym_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.P
     assert d.subgraphs == 1 and d.delegated_share >= 0.90, d.to_markdown()
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
     assert report.ok, report.to_markdown()
+
+
+def test_the_summary_lists_every_float_linear_and_the_float32_size() -> None:
+    """Issue 49: what the files hold is said: each code width with its count, every linear left in
+    float32 with the reason, and the float32 bytes of the same weights (the CLI prints each file's
+    size against it)."""
+    from dualexport.llm.quantize import quantization_summary, quantize_linears
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)
+    ).eval()
+    program = quantize_linears(torch.export.export(model, (torch.randn(2, 64),)), SCHEMES["int4"])
+    summary = quantization_summary(program)
+    assert summary.quantized == {"int4": 1, "int8": 1}  # the last linear is the head: 8-bit
+    assert set(summary.float_linears) == {"2.weight"} and "multiple of 32" in summary.float_linears["2.weight"]
+    assert summary.fp32_bytes == 4 * sum(p.numel() for p in model.parameters())
+    assert any("2.weight" in line for line in summary.lines())

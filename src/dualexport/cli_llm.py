@@ -18,6 +18,26 @@ __all__ = ["add_llm_commands"]
 _OK, _CHECK_FAILED, _TARGET_FAILED = 0, 1, 3
 
 
+def _print_quantization(out: Any, res: Any) -> None:
+    """What was quantized, what stayed float32 and why, and each file's size against the same
+    weights in float32."""
+    import pathlib
+
+    from .llm.quantize import quantization_summary
+
+    summary = quantization_summary(res.program.exported_program)
+    for line in summary.lines():
+        out.print(f"quantized: {line}", markup=False)
+    if not summary.float_linears:
+        out.print("quantized: every linear")
+    for t, art in res.artifacts.items():
+        size = sum(pathlib.Path(f).stat().st_size for f in art.files if pathlib.Path(f).is_file())
+        out.print(
+            f"{t}: {size / 1e6:.1f} MB = {size / max(summary.fp32_bytes, 1):.2f}x the float32 weights "
+            f"({summary.fp32_bytes / 1e6:.1f} MB)"
+        )
+
+
 def _cmd_export_llm(ns: argparse.Namespace) -> int:
     from .exporters.base import ExportOptions
     from .llm import export_llm, load_decoder
@@ -40,6 +60,8 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
     for t, err in res.errors.items():
         out.print(f"[bold red]{t} failed[/]: {err}")
     print_delegation(out, res)
+    if ns.quantize != "none" and res.program is not None:
+        _print_quantization(out, res)
     code = _OK
     check, werr = None, None
     try:
@@ -96,7 +118,7 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
     e.add_argument("--out", default="dualexport_out", help="output folder")
     e.add_argument("--name", default="model", help="file name stem of the artifacts")
     e.add_argument("--target", default="onnx,xnnpack", help="onnx, xnnpack or onnx,xnnpack")
-    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4", "int4-asym"))
+    e.add_argument("--quantize", default="none", choices=("none", "int8", "int4", "int4-sym"))
     e.add_argument(
         "--ort-int4-accuracy-level",
         type=int,

@@ -71,8 +71,8 @@ def export_llm(
     ``optimize=False`` exports the plain design: the model's own attention, the cache written with
     ``index_copy``, no dualexport pass (what the libraries lower by themselves, for comparison).
 
-    ``quantize="int4"`` (symmetric, group 32), ``"int4-asym"`` (group 32, asymmetric through
-    group offsets, the output head 8-bit per channel: accurate on real weights, slower) or
+    ``quantize="int4"`` (group 32, asymmetric through group offsets, the output head 8-bit per
+    channel: holds real weights), ``"int4-sym"`` (symmetric, group 32: faster, less accurate) or
     ``"int8"`` (symmetric, per channel) rewrites every linear
     of the one program into 8-bit dynamic activations and quantized weights (``llm/quantize.py``):
     one set of codes and scales, proven in both files; linears whose in_features the group does

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,14 @@ from .metrics import Metrics
 from .report import Divergence
 from .tolerances import Tolerance, tolerance_for
 
-__all__ = ["reference_values", "onnx_values", "xnnpack_values", "first_divergence", "shared_name_map"]
+__all__ = [
+    "reference_values",
+    "onnx_values",
+    "xnnpack_values",
+    "first_divergence",
+    "shared_name_map",
+    "shared_name_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,31 +74,64 @@ def reference_values(
     return values
 
 
+def shared_name_of(
+    node: torch.fx.Node, shared_names: set[str] | frozenset[str], graph_id: int | None = None
+) -> str | None:
+    """The shared program's node ``node`` (of a derived program) comes from, through its
+    ``from_node`` provenance; None when it comes from none of ``shared_names``.
+
+    With ``graph_id`` (``id`` of the shared program's graph) the node's own name does not count:
+    a derived program renames its nodes, so ``linear_3`` there may come from the shared
+    ``linear_7`` while a shared ``linear_3`` exists. The source in the shared graph is taken, or,
+    when the derivation started from a copy of it (``ExportedProgram.module()``, as torch.onnx's
+    decomposition does), the deepest source, which is that copy's node of the same name."""
+    if graph_id is None and node.name in shared_names:
+        return node.name
+    sources = list(node.meta.get("from_node") or [])
+    deepest: str | None = None
+    while sources:
+        src = sources[0]
+        if graph_id is None and src.name in shared_names:
+            return str(src.name)
+        if src.graph_id == graph_id:
+            return str(src.name) if src.name in shared_names else None
+        deepest = str(src.name)
+        sources = list(getattr(src, "from_node", None) or [])
+    return deepest if graph_id is not None and deepest in shared_names else None
+
+
 def shared_name_map(program: ExportedProgram, shared_names: set[str]) -> dict[str, str]:
     """Node of a derived program -> the shared program's node it came from (last one wins)."""
     out: dict[str, str] = {}
     for n in program.graph.nodes:
         if n.op != "call_function":
             continue
-        if n.name in shared_names:
-            out[n.name] = n.name
-            continue
-        sources = list(n.meta.get("from_node") or [])
-        while sources:
-            src = sources[0]
-            if src.name in shared_names:
-                out[n.name] = src.name
-                break
-            sources = list(getattr(src, "from_node", None) or [])
+        s = shared_name_of(n, shared_names)
+        if s is not None:
+            out[n.name] = s
     return out
 
 
 def onnx_values(
-    path: pathlib.Path, names: Sequence[str], flat_inputs: Sequence[torch.Tensor]
+    path: pathlib.Path,
+    names: Sequence[str],
+    flat_inputs: Sequence[torch.Tensor],
+    *,
+    deployed: bool = False,
 ) -> dict[str, torch.Tensor]:
+    """The values ``names`` take in the .onnx at ``path`` (added as graph outputs, in memory).
+
+    ``deployed``: with the session a runner makes (every graph optimization, weights prepacked,
+    the session entries the file records), so fused kernels (``MatMulNBits``) compute the values;
+    otherwise graph optimizations are off and every named value still exists. The file's own
+    outputs are in the result too, under ``"output:<i>"``."""
+    import json
+
     import numpy as np
     import onnx
     import onnxruntime as ort
+
+    from ..exporters.onnx_quant import SESSION_CONFIG_KEY
 
     model = onnx.load(str(path), load_external_data=True)
     produced = {o for node in model.graph.node for o in node.output}
@@ -102,8 +142,14 @@ def onnx_values(
     for n in wanted:
         model.graph.output.append(infos[n] if n in infos else onnx.helper.make_empty_tensor_value_info(n))
     opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
+    if deployed:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        config = json.loads({p.key: p.value for p in model.metadata_props}.get(SESSION_CONFIG_KEY, "{}"))
+        for key, value in config.items():
+            opts.add_session_config_entry(str(key), str(value))
+    else:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     feed = {
         i.name: np.ascontiguousarray(t.detach().numpy())
@@ -111,15 +157,22 @@ def onnx_values(
     }
     out_names = [o.name for o in sess.get_outputs()]
     results = sess.run(None, feed)
-    return {
+    values = {
         n: torch.from_numpy(np.asarray(r)) for n, r in zip(out_names, results, strict=True) if n in set(names)
     }
+    for i in range(len(existing)):  # the file's own outputs, as the copy's xnnpack_values reports them
+        values[f"output:{i}"] = torch.from_numpy(np.asarray(results[i]))
+    return values
 
 
 def xnnpack_values(
-    decomposed: ExportedProgram, flat_inputs: Sequence[torch.Tensor]
+    decomposed: ExportedProgram,
+    flat_inputs: Sequence[torch.Tensor],
+    keep: Callable[[torch.fx.Node], bool] | None = None,
 ) -> tuple[dict[str, torch.Tensor], ExportedProgram]:
-    """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime."""
+    """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime (the
+    nodes ``keep`` accepts, else every tensor node); the copy's own outputs come first in
+    ``values`` under ``"output:<i>"``."""
     from executorch.devtools.intermediate_output_tap import (
         FULL_TENSOR,
         select_all_call_function,
@@ -133,9 +186,10 @@ def xnnpack_values(
     with size_oblivious(), walk_cia_ops_once_per_change():
         copy = decomposed.run_decompositions({})  # a new graph over the same tensors
     base = select_all_call_function()
+    user_outputs = len(copy.graph_signature.user_outputs)
 
     def tensor_nodes(n: torch.fx.Node) -> bool:
-        return base(n) and isinstance(n.meta.get("val"), torch.Tensor)
+        return base(n) and isinstance(n.meta.get("val"), torch.Tensor) and (keep is None or keep(n))
 
     tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False)
     buffer = lower_to_buffer(tapped, strip_taps_)
@@ -146,6 +200,9 @@ def xnnpack_values(
         for s in specs
         if s.output_index < len(outs) and isinstance(outs[s.output_index], torch.Tensor)
     }
+    for i in range(min(user_outputs, len(outs))):
+        if isinstance(outs[i], torch.Tensor):
+            values[f"output:{i}"] = outs[i]
     return values, tapped
 
 

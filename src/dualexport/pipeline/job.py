@@ -41,7 +41,8 @@ from ..shared_state.passes.graph_edit import OWN_CONSTANT_PREFIXES
 from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
-from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
+from .forced_proof import forced_stage
+from .outcome import SHARED_PROGRAM, Failed, Lowered, Outcome, Patched, Proof, Published, Reused
 from .prove import prove_file
 from .reference import Reference, approximated
 
@@ -360,7 +361,13 @@ class TargetJob:
 
     # ------------------------------------------------------------------- complete, stage
     def _prove(self, path: pathlib.Path) -> Proof:
-        return prove_file(self.target, path, self._specs, self._proof_reference())
+        reference = self._proof_reference()
+        forced = (
+            forced_stage(self.target, self.shared.exported_program, self._decomposed)
+            if reference.label == SHARED_PROGRAM
+            else None
+        )
+        return prove_file(self.target, path, self._specs, reference, forced)
 
     def _proof_reference(self) -> Reference:
         """The shared program's outputs, or those of the approximation the options ask this
