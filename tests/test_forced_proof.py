@@ -182,6 +182,7 @@ def test_a_defect_planted_in_the_onnx_file_is_refused_with_its_layer(
     res = dx.export_llm(make_model("llama"), max_seq_len=32, out_dir=tmp_path, quantize="int4", target="onnx")
     assert not res.ok and layers
     message = str(res.errors["onnx"])
+    print(message)  # the figures the closing note quotes
     assert "linear" in message and layers[0].removeprefix("model.").split(".int4")[0] in message, message
     assert not list(tmp_path.glob("*.onnx"))
 
@@ -216,5 +217,6 @@ def test_a_stale_block_in_the_pte_program_is_refused_with_its_layer(
     )
     assert not res.ok and planted_in
     message = str(res.errors["xnnpack"])
+    print(message)
     assert f"linear model.{planted_in[0]}" in message or planted_in[0] in message, message
     assert not list(tmp_path.glob("*.pte"))

@@ -34,6 +34,7 @@ __all__ = [
     "first_divergence",
     "shared_name_map",
     "shared_name_of",
+    "TappedXnnpack",
 ]
 
 logger = logging.getLogger(__name__)
@@ -165,45 +166,61 @@ def onnx_values(
     return values
 
 
+class TappedXnnpack:
+    """A debug lowering of a tapped copy of the XNNPACK program (the nodes ``keep`` accepts, else
+    every tensor node), lowered once and run on any inputs: ExecuTorch's
+    ``intermediate_output_tap`` taps survive delegation."""
+
+    def __init__(
+        self, decomposed: ExportedProgram, keep: Callable[[torch.fx.Node], bool] | None = None
+    ) -> None:
+        from executorch.devtools.intermediate_output_tap import (
+            FULL_TENSOR,
+            select_all_call_function,
+            strip_taps_,
+            tap_intermediate_outputs_,
+        )
+        from executorch.runtime import Runtime
+
+        from ..exporters.xnnpack import lower_to_buffer, size_oblivious
+
+        with size_oblivious(), walk_cia_ops_once_per_change():
+            copy = decomposed.run_decompositions({})  # a new graph over the same tensors
+        base = select_all_call_function()
+        self.user_outputs = len(copy.graph_signature.user_outputs)
+
+        def tensor_nodes(n: torch.fx.Node) -> bool:
+            return base(n) and isinstance(n.meta.get("val"), torch.Tensor) and (keep is None or keep(n))
+
+        self.program, self.specs = tap_intermediate_outputs_(
+            copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False
+        )
+        buffer = lower_to_buffer(self.program, strip_taps_)
+        self.method = Runtime.get().load_program(buffer).load_method("forward")
+
+    def values(self, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every tap by node name; the copy's own outputs under ``"output:<i>"``."""
+        outs = self.method.execute([t.contiguous() for t in flat_inputs])
+        values = {
+            s.node_name: outs[s.output_index]
+            for s in self.specs
+            if s.output_index < len(outs) and isinstance(outs[s.output_index], torch.Tensor)
+        }
+        for i in range(min(self.user_outputs, len(outs))):
+            if isinstance(outs[i], torch.Tensor):
+                values[f"output:{i}"] = outs[i]
+        return values
+
+
 def xnnpack_values(
     decomposed: ExportedProgram,
     flat_inputs: Sequence[torch.Tensor],
     keep: Callable[[torch.fx.Node], bool] | None = None,
 ) -> tuple[dict[str, torch.Tensor], ExportedProgram]:
-    """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime (the
-    nodes ``keep`` accepts, else every tensor node); the copy's own outputs come first in
-    ``values`` under ``"output:<i>"``."""
-    from executorch.devtools.intermediate_output_tap import (
-        FULL_TENSOR,
-        select_all_call_function,
-        strip_taps_,
-        tap_intermediate_outputs_,
-    )
-    from executorch.runtime import Runtime
-
-    from ..exporters.xnnpack import lower_to_buffer, size_oblivious
-
-    with size_oblivious(), walk_cia_ops_once_per_change():
-        copy = decomposed.run_decompositions({})  # a new graph over the same tensors
-    base = select_all_call_function()
-    user_outputs = len(copy.graph_signature.user_outputs)
-
-    def tensor_nodes(n: torch.fx.Node) -> bool:
-        return base(n) and isinstance(n.meta.get("val"), torch.Tensor) and (keep is None or keep(n))
-
-    tapped, specs = tap_intermediate_outputs_(copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False)
-    buffer = lower_to_buffer(tapped, strip_taps_)
-    method = Runtime.get().load_program(buffer).load_method("forward")
-    outs = method.execute([t.contiguous() for t in flat_inputs])
-    values = {
-        s.node_name: outs[s.output_index]
-        for s in specs
-        if s.output_index < len(outs) and isinstance(outs[s.output_index], torch.Tensor)
-    }
-    for i in range(min(user_outputs, len(outs))):
-        if isinstance(outs[i], torch.Tensor):
-            values[f"output:{i}"] = outs[i]
-    return values, tapped
+    """Debug-lower a tapped copy of the XNNPACK program and read every tap in the runtime
+    (:class:`TappedXnnpack`, run once)."""
+    tapped = TappedXnnpack(decomposed, keep)
+    return tapped.values(flat_inputs), tapped.program
 
 
 def first_divergence(

@@ -27,7 +27,7 @@ from torch.export import ExportedProgram
 from ..errors import ProofMismatchError
 from ..parity.forced import ForcedResult, linear_taps, teacher_forced
 from ..parity.judge import judge
-from ..parity.localize import onnx_values, shared_name_of, xnnpack_values
+from ..parity.localize import TappedXnnpack, onnx_values, shared_name_of
 from ..parity.metrics import compute_metrics
 from ..parity.tolerances import INT8_SNR_FLOOR_DB, tolerance_for
 from .outcome import ValueCheck
@@ -50,6 +50,9 @@ class LinearByLinear:
         self.shared = shared
         self.decomposed = decomposed
         self.taps = linear_taps(shared)
+        self._tapped: TappedXnnpack | None = None
+        #: tapped node of the XNNPACK copy -> the shared linear it comes from
+        self._by_node: dict[str, str] = {}
 
     def __call__(
         self, path: pathlib.Path, case: ProofSet, outs: Sequence[torch.Tensor], mismatch: ProofMismatchError
@@ -163,17 +166,18 @@ class LinearByLinear:
                 target=self.target,
                 hint=mismatch.hint,
             ) from mismatch
-        by_node: dict[str, str] = {}
+        by_node = self._by_node
 
         def keep(n: torch.fx.Node) -> bool:
             s = _source(n, wanted, id(self.shared.graph))
             if s is None:
                 return False
             by_node[n.name] = s
-            logger.debug("tap %s (%s) for %s", n.name, n.target, s)
             return True
 
-        values, _ = xnnpack_values(self.decomposed, list(case.inputs), keep)
+        if self._tapped is None:  # lowered once, run on every set the first stage refused
+            self._tapped = TappedXnnpack(self.decomposed, keep)
+        values = self._tapped.values(list(case.inputs))
         for i, got in enumerate(outs):
             sibling = values.get(f"output:{i}")
             if sibling is None or not got.dtype.is_floating_point:
@@ -219,7 +223,18 @@ class LinearByLinear:
 
 #: ops that only rearrange a value: a tap on them would make a view an output (ExecuTorch's memory
 #: planner refuses a static view of a dynamic base), and the op they view holds the same numbers
-_VIEWS = ("view", "reshape", "_unsafe_view", "squeeze", "unsqueeze", "alias", "clone", "expand", "permute", "t")
+_VIEWS = (
+    "view",
+    "reshape",
+    "_unsafe_view",
+    "squeeze",
+    "unsqueeze",
+    "alias",
+    "clone",
+    "expand",
+    "permute",
+    "t",
+)
 
 
 def _source(node: torch.fx.Node, wanted: set[str], graph_id: int) -> str | None:
