@@ -151,7 +151,7 @@ def onnx_values(
             opts.add_session_config_entry(str(key), str(value))
     else:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = _session(ort, model, path, opts)
     feed = {
         i.name: np.ascontiguousarray(t.detach().numpy())
         for i, t in zip(sess.get_inputs(), flat_inputs, strict=False)
@@ -164,6 +164,25 @@ def onnx_values(
     for i in range(len(existing)):  # the file's own outputs, as the copy's xnnpack_values reports them
         values[f"output:{i}"] = torch.from_numpy(np.asarray(results[i]))
     return values
+
+
+#: protobuf's limit for one message: a larger model goes through a file with external data
+_PROTO_LIMIT = 2**31 - 2**26
+
+
+def _session(ort: Any, model: Any, path: pathlib.Path, opts: Any) -> Any:
+    """An ONNX Runtime session over ``model`` (a changed copy of the file at ``path``): from memory,
+    or past protobuf's 2 GB from a temporary copy beside the file (inside the export's folder)."""
+    import tempfile
+
+    import onnx
+
+    if model.ByteSize() < _PROTO_LIMIT:
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".tapped-") as tmp:
+        copy = pathlib.Path(tmp) / path.name
+        onnx.save(model, str(copy), save_as_external_data=True, location=path.name + ".data")
+        return ort.InferenceSession(str(copy), opts, providers=["CPUExecutionProvider"])
 
 
 class TappedXnnpack:
