@@ -214,8 +214,10 @@ class TappedXnnpack:
         self.program, self.specs = tap_intermediate_outputs_(
             copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False
         )
-        buffer = lower_to_buffer(self.program, strip_taps_)
-        self.method = Runtime.get().load_program(buffer).load_method("forward")
+        # the loaded program reads the buffer in place: both live as long as the method
+        self._buffer = lower_to_buffer(self.program, strip_taps_)
+        self._loaded = Runtime.get().load_program(self._buffer)
+        self.method = self._loaded.load_method("forward")
 
     def values(self, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every tap by node name; the copy's own outputs under ``"output:<i>"``."""
