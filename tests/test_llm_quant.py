@@ -599,11 +599,17 @@ def test_the_summary_lists_every_float_linear_and_the_float32_size() -> None:
     from dualexport.llm.quantize import quantization_summary, quantize_linears
 
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)
+        torch.nn.Linear(64, 48),
+        torch.nn.ReLU(),
+        torch.nn.Linear(48, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 16),
     ).eval()
     program = quantize_linears(torch.export.export(model, (torch.randn(2, 64),)), SCHEMES["int4"])
     summary = quantization_summary(program)
     assert summary.quantized == {"int4": 1, "int8": 1}  # the last linear is the head: 8-bit
-    assert set(summary.float_linears) == {"2.weight"} and "multiple of 32" in summary.float_linears["2.weight"]
+    assert (
+        set(summary.float_linears) == {"2.weight"} and "multiple of 32" in summary.float_linears["2.weight"]
+    )
     assert summary.fp32_bytes == 4 * sum(p.numel() for p in model.parameters())
     assert any("2.weight" in line for line in summary.lines())

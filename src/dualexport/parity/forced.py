@@ -132,7 +132,11 @@ def _gamma(k: int) -> float:
 
 
 def _is_dequantize(node: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and "dequantize_affine" in str(node.target)
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and "dequantize_affine" in str(node.target)
+    )
 
 
 def _bound(
@@ -175,7 +179,12 @@ def teacher_forced(
             if n.op != "call_function" or seen is None or not isinstance(result, torch.Tensor):
                 return result
             if seen.numel() != result.numel():  # a tap of another node's value: not this linear's
-                logger.debug("%s: the file's value has shape %s, the program's %s", n.name, tuple(seen.shape), tuple(result.shape))
+                logger.debug(
+                    "%s: the file's value has shape %s, the program's %s",
+                    n.name,
+                    tuple(seen.shape),
+                    tuple(result.shape),
+                )
                 return result
             seen = seen.reshape(result.shape).to(result.dtype)
             if n.target is aten.linear.default:
