@@ -194,7 +194,7 @@ def test_a_retrained_quantized_decoder_ships_its_new_codes(exports: Any, tmp_pat
     res.verify_weights()
     old = q.res.program.exported_program.state_dict
     new = res.program.exported_program.state_dict
-    codes = next(k for k in new if k.endswith("q_proj.int4_codes"))
+    codes = next(k for k in new if k.endswith("q_proj.int4_sym_codes"))
     assert not torch.equal(old[codes], new[codes]), "the retrained program kept the old codes"
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
     assert report.ok, report.to_markdown()
