@@ -35,6 +35,7 @@ __all__ = [
     "shared_name_map",
     "shared_name_of",
     "TappedXnnpack",
+    "TappedOnnx",
 ]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,63 @@ def shared_name_map(program: ExportedProgram, shared_names: set[str]) -> dict[st
     return out
 
 
+class TappedOnnx:
+    """A session over the .onnx at ``path`` with the values ``names`` added as graph outputs (in
+    memory), made once and run on any inputs.
+
+    ``deployed``: with the session a runner makes (every graph optimization, weights prepacked,
+    the session entries the file records), so fused kernels (``MatMulNBits``) compute the values;
+    otherwise graph optimizations are off and every named value still exists."""
+
+    def __init__(self, path: pathlib.Path, names: Sequence[str], *, deployed: bool = False) -> None:
+        import json
+
+        import onnx
+        import onnxruntime as ort
+
+        from ..exporters.onnx_quant import SESSION_CONFIG_KEY
+
+        model = onnx.load(str(path), load_external_data=True)
+        produced = {o for node in model.graph.node for o in node.output}
+        existing = {o.name for o in model.graph.output}
+        self.own_outputs = len(existing)
+        self.names = set(names)
+        wanted = [n for n in names if n in produced and n not in existing]
+        inferred = onnx.shape_inference.infer_shapes(model)
+        infos = {vi.name: vi for vi in inferred.graph.value_info}
+        for n in wanted:
+            model.graph.output.append(infos[n] if n in infos else onnx.helper.make_empty_tensor_value_info(n))
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if deployed:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            meta = {p.key: p.value for p in model.metadata_props}
+            for key, value in json.loads(meta.get(SESSION_CONFIG_KEY, "{}")).items():
+                opts.add_session_config_entry(str(key), str(value))
+        else:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.session = _session(ort, model, path, opts)
+        self.out_names = [o.name for o in self.session.get_outputs()]
+
+    def values(self, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every named value found; the file's own outputs under ``"output:<i>"``."""
+        import numpy as np
+
+        feed = {
+            i.name: np.ascontiguousarray(t.detach().numpy())
+            for i, t in zip(self.session.get_inputs(), flat_inputs, strict=False)
+        }
+        results = self.session.run(None, feed)
+        values = {
+            n: torch.from_numpy(np.asarray(r))
+            for n, r in zip(self.out_names, results, strict=True)
+            if n in self.names
+        }
+        for i in range(self.own_outputs):
+            values[f"output:{i}"] = torch.from_numpy(np.asarray(results[i]))
+        return values
+
+
 def onnx_values(
     path: pathlib.Path,
     names: Sequence[str],
@@ -120,50 +178,9 @@ def onnx_values(
     *,
     deployed: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The values ``names`` take in the .onnx at ``path`` (added as graph outputs, in memory).
-
-    ``deployed``: with the session a runner makes (every graph optimization, weights prepacked,
-    the session entries the file records), so fused kernels (``MatMulNBits``) compute the values;
-    otherwise graph optimizations are off and every named value still exists. The file's own
-    outputs are in the result too, under ``"output:<i>"``."""
-    import json
-
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from ..exporters.onnx_quant import SESSION_CONFIG_KEY
-
-    model = onnx.load(str(path), load_external_data=True)
-    produced = {o for node in model.graph.node for o in node.output}
-    existing = {o.name for o in model.graph.output}
-    wanted = [n for n in names if n in produced and n not in existing]
-    inferred = onnx.shape_inference.infer_shapes(model)
-    infos = {vi.name: vi for vi in inferred.graph.value_info}
-    for n in wanted:
-        model.graph.output.append(infos[n] if n in infos else onnx.helper.make_empty_tensor_value_info(n))
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if deployed:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        config = json.loads({p.key: p.value for p in model.metadata_props}.get(SESSION_CONFIG_KEY, "{}"))
-        for key, value in config.items():
-            opts.add_session_config_entry(str(key), str(value))
-    else:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = _session(ort, model, path, opts)
-    feed = {
-        i.name: np.ascontiguousarray(t.detach().numpy())
-        for i, t in zip(sess.get_inputs(), flat_inputs, strict=False)
-    }
-    out_names = [o.name for o in sess.get_outputs()]
-    results = sess.run(None, feed)
-    values = {
-        n: torch.from_numpy(np.asarray(r)) for n, r in zip(out_names, results, strict=True) if n in set(names)
-    }
-    for i in range(len(existing)):  # the file's own outputs, as the copy's xnnpack_values reports them
-        values[f"output:{i}"] = torch.from_numpy(np.asarray(results[i]))
-    return values
+    """The values ``names`` take in the .onnx at ``path`` on ``flat_inputs`` (:class:`TappedOnnx`,
+    run once)."""
+    return TappedOnnx(path, names, deployed=deployed).values(flat_inputs)
 
 
 #: protobuf's limit for one message: a larger model goes through a file with external data

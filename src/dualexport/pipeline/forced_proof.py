@@ -5,7 +5,7 @@ chaotic on real weights (parity/forced.py), so a correct file can land 20-30 dB 
 end to end, where a loosened bound would also pass a file with one wrong block. Only when a
 quantized program's file misses the end-to-end criterion, the file is run again with the value of
 every ``linear`` read out, and each linear is judged on the file's own input against a bound derived
-from float rounding and one activation step (parity/forced.py). The file is published when every
+from float rounding and two activation steps (parity/forced.py). The file is published when every
 linear is within it, its outputs are what the program computes from the file's own linears, and it
 stays within the floor of the int8 criterion end to end; otherwise the refusal names the linear.
 
@@ -27,7 +27,7 @@ from torch.export import ExportedProgram
 from ..errors import ProofMismatchError
 from ..parity.forced import ForcedResult, linear_taps, teacher_forced
 from ..parity.judge import judge
-from ..parity.localize import TappedXnnpack, onnx_values, shared_name_of
+from ..parity.localize import TappedOnnx, TappedXnnpack, shared_name_of
 from ..parity.metrics import compute_metrics
 from ..parity.tolerances import INT8_SNR_FLOOR_DB, tolerance_for
 from .outcome import ValueCheck
@@ -50,7 +50,8 @@ class LinearByLinear:
         self.shared = shared
         self.decomposed = decomposed
         self.taps = linear_taps(shared)
-        self._tapped: TappedXnnpack | None = None
+        #: the tapped file (ONNX) or lowering (ExecuTorch), made once, run on every refused set
+        self._tapped: TappedOnnx | TappedXnnpack | None = None
         #: tapped node of the XNNPACK copy -> the shared linear it comes from
         self._by_node: dict[str, str] = {}
 
@@ -69,14 +70,12 @@ class LinearByLinear:
                 "block or a layout); it was not published",
             ) from mismatch
         self._check_outputs(name, case, outs, forced, mismatch)
-        snr = min(
-            (
-                compute_metrics(got, want, rtol=0.0, atol=0.0).snr_db
-                for got, want in zip(outs, case.outputs, strict=True)
-                if want.dtype.is_floating_point and got.shape == want.shape
-            ),
-            default=float("inf"),
-        )
+        ends = [
+            compute_metrics(got, want, rtol=0.0, atol=0.0)
+            for got, want in zip(outs, case.outputs, strict=True)
+            if want.dtype.is_floating_point and got.shape == want.shape
+        ]
+        snr = min((m.snr_db for m in ends), default=float("inf"))
         if snr < INT8_SNR_FLOOR_DB:
             raise ProofMismatchError(
                 f"{name} computes every linear within its bound {case.where} but its outputs are at "
@@ -93,14 +92,7 @@ class LinearByLinear:
             forced.worst,
             snr,
         )
-        worst_abs = max(
-            (
-                float((g - w).abs().max())
-                for g, w in zip(outs, case.outputs, strict=True)
-                if g.shape == w.shape and g.numel()
-            ),
-            default=0.0,
-        )
+        worst_abs = max((m.max_abs for m in ends), default=0.0)
         return ValueCheck(
             f"{case.label}, linear by linear ({len(forced.linears)})", len(outs), worst_abs, snr
         )
@@ -115,7 +107,9 @@ class LinearByLinear:
         wanted = set(self.taps)
         if self.target == "onnx":
             derived = self._derived_names(wanted)
-            values = onnx_values(path, list(derived), list(case.inputs), deployed=True)
+            if self._tapped is None:
+                self._tapped = TappedOnnx(path, list(derived), deployed=True)
+            values = self._tapped.values(list(case.inputs))
             outs = [values.get(f"output:{i}", o) for i, o in enumerate(outs)]
             observed = {}
             for d, s in derived.items():  # graph order: the last derived node holds the value
@@ -175,7 +169,7 @@ class LinearByLinear:
             by_node[n.name] = s
             return True
 
-        if self._tapped is None:  # lowered once, run on every set the first stage refused
+        if self._tapped is None:
             self._tapped = TappedXnnpack(self.decomposed, keep)
         values = self._tapped.values(list(case.inputs))
         for i, got in enumerate(outs):
