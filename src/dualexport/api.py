@@ -63,6 +63,9 @@ class ExportResult:
     name: str
     seconds: Mapping[str, float] = field(default_factory=dict)
     library_messages: tuple[str, ...] = field(default=(), repr=False)
+    #: ``dx.export_llm``'s deploy folder (``dualexport.llm.deploy.DeployFolder``): the files the
+    #: runtimes' own LLM runners load; None for ``dx.export`` and ``export_llm(deploy=False)``
+    deploy: Any = None
 
     @property
     def ok(self) -> bool:

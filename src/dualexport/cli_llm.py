@@ -38,6 +38,36 @@ def _print_quantization(out: Any, res: Any) -> None:
         )
 
 
+def _tokenizer_source(ns: argparse.Namespace) -> Any:
+    """``--tokenizer``, else the model reference when it holds one (a .gguf file, a folder with
+    the tokenizer's files); None otherwise (a config .json, MODULE:ATTR)."""
+    import pathlib
+
+    if ns.tokenizer:
+        return ns.tokenizer
+    path = pathlib.Path(ns.model)
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    if path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return path
+    return None
+
+
+def _print_deploy(out: Any, deploy: Any) -> None:
+    """The deploy folder's files, each file's proof, and what was not written."""
+    if deploy is None:
+        return
+    for target, proof in deploy.proofs.items():
+        out.print(
+            f"[green]{target}[/] (runner file): {proof.file}, proven against {proof.against} on "
+            f"{len(proof.walks)} generation walks (worst SNR {proof.worst_snr_db:.1f} dB)"
+        )
+    for target, why in deploy.skipped.items():
+        out.print(f"[yellow]{target}[/]: no runner file: {why}")
+    shipped = ", ".join(p.name for p in deploy.files)
+    out.print(f"deploy folder {deploy.folder}: {shipped}", markup=False)
+
+
 def _cmd_export_llm(ns: argparse.Namespace) -> int:
     from .exporters.base import ExportOptions
     from .llm import export_llm, load_decoder
@@ -54,6 +84,8 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
             quantize=None if ns.quantize == "none" else ns.quantize,
             optimize=not ns.plain,
             options=ExportOptions(onnx_int4_accuracy_level=ns.ort_int4_accuracy_level),
+            deploy=not ns.no_deploy,
+            tokenizer=_tokenizer_source(ns) if not ns.no_deploy else None,
         )
     for t, art in res.artifacts.items():
         out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
@@ -69,6 +101,7 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
     except WeightMismatchError as exc:
         werr, code = exc, _CHECK_FAILED
     print_weights(out, res.manifest, check, werr)
+    _print_deploy(out, res.deploy)
     if ns.compare and res.artifacts:
         from .llm.parity import generation_parity
         from .outputs import atomic_write_text
@@ -90,13 +123,55 @@ def _ids(text: str) -> list[int]:
         ) from exc
 
 
+def _deploy_file(path: Any, runtime: str) -> Any:
+    """The file of ``runtime`` in a deploy folder, or ``path`` itself when it is a file."""
+    if not path.is_dir():
+        return path
+    suffix = ".pte" if runtime == "xnnpack" else ".onnx"
+    files = sorted(path.glob(f"*{suffix}"))
+    if not files:
+        raise InputError(f"{path} holds no {suffix} file", hint="pass a folder written by export-llm")
+    return files[0]
+
+
 def _cmd_generate(ns: argparse.Namespace) -> int:
+    import pathlib
+
     from .llm import generate
 
-    tokens = generate(ns.file, _ids(ns.ids), max_new_tokens=ns.max_new_tokens, stop_at_eos=not ns.no_eos)
-    ids = [int(t) for t in tokens[0]]
-    prompt = len(_ids(ns.ids))
-    console().print(f"prompt: {ids[:prompt]}\nnew:    {ids[prompt:]}", markup=False)
+    out = console()
+    path = pathlib.Path(ns.file)
+    if (ns.prompt is None) == (ns.ids is None):
+        raise InputError("pass --prompt TEXT or --ids 1,2,3 (one of them)", hint="e.g. --prompt 'Hello'")
+    if ns.ids is not None:
+        if ns.chat:
+            raise InputError("--chat applies to --prompt", hint="drop --chat, or pass --prompt TEXT")
+        prompt_ids = _ids(ns.ids)
+        tokens = generate(
+            _deploy_file(path, ns.runtime),
+            prompt_ids,
+            max_new_tokens=ns.max_new_tokens,
+            stop_at_eos=not ns.no_eos,
+        )
+        ids = [int(t) for t in tokens[0]]
+        out.print(f"prompt: {ids[: len(prompt_ids)]}\nnew:    {ids[len(prompt_ids) :]}", markup=False)
+        return _OK
+    if not path.is_dir():
+        text = generate(
+            path, ns.prompt, max_new_tokens=ns.max_new_tokens, stop_at_eos=not ns.no_eos, chat=ns.chat
+        )
+        out.print(text, markup=False)
+        return _OK
+    from .llm.deploy.runners import RUNTIMES, run_runner
+    from .llm.deploy.tokenizer import folder_tokenizer, render_chat
+
+    prompt = render_chat(folder_tokenizer(path), ns.prompt) if ns.chat else ns.prompt
+    answer = run_runner(path, prompt, runtime=ns.runtime, max_new_tokens=ns.max_new_tokens)
+    out.print(answer.text, markup=False)
+    out.print(
+        f"[dim]{RUNTIMES[ns.runtime]}: {answer.new_tokens} tokens after a {answer.prompt_tokens}-token "
+        f"prompt; first token {answer.first_token_s * 1000:.0f} ms, decode {answer.decode_tok_s:.1f} tok/s[/]"
+    )
     return _OK
 
 
@@ -143,16 +218,35 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
         "--compare-tokens", type=int, default=8, metavar="N", help="new tokens per prompt (--compare)"
     )
     e.add_argument("--plain", action="store_true", help="turn every dualexport pass off")
+    e.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the tokenizer to ship (a model folder or .gguf file); default: the model's own",
+    )
+    e.add_argument(
+        "--no-deploy",
+        action="store_true",
+        help="write only dualexport's explicit-cache files (no runner files, no tokenizer)",
+    )
     e.set_defaults(func=_cmd_export_llm)
     g = sub.add_parser(
         "generate",
-        help="greedy generation from an export-llm file (.onnx on ONNX Runtime, .pte on ExecuTorch)",
+        help="greedy generation from an export-llm folder through the runtime's own LLM runner "
+        "(or from one file through dualexport's loop)",
         parents=[common],
         epilog=epilog,
         formatter_class=fmt,
     )
-    g.add_argument("file", help="the .onnx or .pte written by export-llm")
-    g.add_argument("--ids", required=True, help="prompt token ids, e.g. 1,2,3")
+    g.add_argument("file", help="the folder export-llm wrote (its runners), or one .onnx or .pte of it")
+    g.add_argument("--prompt", default=None, help="the prompt as text (tokenized by the folder's tokenizer)")
+    g.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
+    g.add_argument(
+        "--runtime",
+        default="xnnpack",
+        choices=("xnnpack", "onnx"),
+        help="for a folder: ExecuTorch's TextLLMRunner (xnnpack) or onnxruntime-genai (onnx)",
+    )
+    g.add_argument("--ids", default=None, help="prompt token ids instead of text, e.g. 1,2,3")
     g.add_argument("-n", "--max-new-tokens", type=int, default=20)
     g.add_argument("--no-eos", action="store_true", help="do not stop at the model's end-of-sequence ids")
     g.set_defaults(func=_cmd_generate)

@@ -278,8 +278,15 @@ class XnnpackExporter:
         )
 
     def lower(
-        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+        self,
+        decomposed: ExportedProgram,
+        staging: pathlib.Path,
+        name: str,
+        options: ExportOptions,
+        methods: Mapping[str, Any] | None = None,
     ) -> LoweredTarget:
+        """Lower and write ``staging/<name>.pte``; ``methods``: extra constant methods (name ->
+        a number, a bool or a list of ints), e.g. the metadata ExecuTorch's LLM runner reads."""
         # Inference lowering: with grad on, ExecuTorch's passes trip over in-place updates of
         # buffers next to parameters that require grad (a KV cache beside Linear weights).
         with (
@@ -289,10 +296,15 @@ class XnnpackExporter:
             xnnpack_workarounds(),
             own_dicts(decomposed),
         ):
-            return self._lower(decomposed, staging, name, options)
+            return self._lower(decomposed, staging, name, options, methods or {})
 
     def _lower(
-        self, decomposed: ExportedProgram, staging: pathlib.Path, name: str, options: ExportOptions
+        self,
+        decomposed: ExportedProgram,
+        staging: pathlib.Path,
+        name: str,
+        options: ExportOptions,
+        extra: Mapping[str, Any],
     ) -> LoweredTarget:
         from executorch.exir import to_edge_transform_and_lower
 
@@ -302,6 +314,7 @@ class XnnpackExporter:
             methods[DATA_FILE_METHOD] = [1]
         for key, text in options.file_metadata:
             methods[key] = list(text.encode())
+        methods.update(extra)
         try:
             with (
                 pruned_backend_passes(options.prune_backend_passes) as pruning,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..errors import CaptureError, DualExportError, InputError, typed_errors
 from ..exporters import ExportOptions
+from .deploy.folder import CACHE_FOLDER
 
 __all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
 
@@ -57,6 +59,8 @@ def export_llm(
     strict: bool = False,
     optimize: bool = True,
     options: ExportOptions | None = None,
+    deploy: bool = True,
+    tokenizer: Any = None,
 ) -> Any:
     """Export a decoder for generation to ONNX and ExecuTorch/XNNPACK from one trace.
 
@@ -78,12 +82,25 @@ def export_llm(
     one set of codes and scales, proven in both files; linears whose in_features the group does
     not divide stay float32 (logged). Parity of a quantized result is against the quantized
     program (``generation_parity``).
+
+    ``deploy=True`` (default): ``out_dir`` is a deploy folder (``llm/deploy/``): ``<name>.pte``
+    for ExecuTorch's ``TextLLMRunner`` (the cache inside the program, the runner's metadata
+    methods), ``<name>.onnx`` with ``genai_config.json`` for onnxruntime-genai's ``og.Model``,
+    and the tokenizer's files (``tokenizer``: a transformers tokenizer, a folder or a .gguf file;
+    by default the model's own, found where it was loaded from); the explicit-cache files above,
+    proven first, and the re-export cache go to ``out_dir/.dualexport`` (``res.artifacts``).
+    ``res.deploy`` lists the deploy files and their proofs. ``deploy=False`` writes only the
+    explicit-cache files, into ``out_dir``.
     """
     with typed_errors("export_llm"):
-        return _export_llm(
-            model,
+        source = model if isinstance(model, (str, os.PathLike)) else None
+        resolved, label = _resolve_model(model)
+        folder = pathlib.Path(out_dir)
+        res = _export_llm(
+            resolved,
+            label,
             max_seq_len=max_seq_len,
-            out_dir=out_dir,
+            out_dir=folder / CACHE_FOLDER if deploy else folder,
             name=name,
             target=target,
             quantize=quantize,
@@ -91,10 +108,46 @@ def export_llm(
             optimize=optimize,
             options=options,
         )
+        if not deploy:
+            return res
+        return _with_deploy_folder(res, resolved, source, tokenizer, folder, name, options, quantize)
+
+
+def _with_deploy_folder(
+    res: Any,
+    model: nn.Module,
+    source: Any,
+    tokenizer: Any,
+    folder: pathlib.Path,
+    name: str,
+    options: ExportOptions | None,
+    quantize: str | None,
+) -> Any:
+    """``res`` with its deploy folder written (see ``export_llm``); a deploy file that failed
+    is one more error of the result."""
+    import dataclasses
+
+    from .deploy import write_deploy_folder
+    from .deploy.tokenizer import resolve_tokenizer
+    from .layout import read_layout
+
+    if not res.artifacts:
+        return res
+    first = next(iter(res.artifacts.values())).path
+    layout = read_layout(first)
+    tok = resolve_tokenizer(tokenizer, source, model)
+    opts = options or ExportOptions()
+    if quantize is not None:
+        opts = _quantized_opset(opts)
+    deployed = write_deploy_folder(res, layout, folder, name, model=model, tokenizer=tok, options=opts)
+    errors = {**res.errors, **deployed.errors}
+    seconds = {**res.seconds, **deployed.seconds}
+    return dataclasses.replace(res, deploy=deployed, errors=errors, seconds=seconds)
 
 
 def _export_llm(
-    model: nn.Module | str | os.PathLike[str],
+    model: nn.Module,
+    label: str,
     *,
     max_seq_len: int,
     out_dir: str | os.PathLike[str],
@@ -109,7 +162,6 @@ def _export_llm(
     from .attention import exported_attention
     from .wrapper import DecoderWithCache, dynamic_shapes, example_inputs, past_step, probe_layout
 
-    model, label = _resolve_model(model)
     scheme = _checked_scheme(quantize, optimize)
     max_seq_len = _check_max_seq_len(model, max_seq_len)
     was_training = model.training

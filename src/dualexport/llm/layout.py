@@ -38,8 +38,10 @@ OUTPUT_NAMES = ("logits", "present_k", "present_v")
 #: The outputs of a ``"rows"`` program: the new rows, which the caller writes at cache_position.
 ROWS_OUTPUT_NAMES = ("logits", "new_k", "new_v")
 #: How the cache travels: the whole cache in and out ("explicit"), or the whole cache in and the
-#: new rows out ("rows", version 2).
-CACHE_KINDS = ("explicit", "rows")
+#: new rows out ("rows", version 2); in a deploy folder (llm/deploy/): kept inside the program in
+#: mutable buffers, the .pte ExecuTorch's LLM runner loads ("buffers"), or the past of the tokens
+#: seen in and the present out, onnxruntime-genai's protocol ("genai").
+CACHE_KINDS = ("explicit", "rows", "buffers", "genai")
 #: How the cache goes in: one ``[L, 1, Hkv, T, D]`` tensor each for keys and values (``"stacked"``,
 #: versions 1-2), or one ``[1, Hkv, P, D]`` tensor per layer (``"layers"``, version 3).
 PAST_INPUTS = ("stacked", "layers")

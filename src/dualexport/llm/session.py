@@ -74,12 +74,31 @@ class Generation:
 
 class DecoderSession:
     """One file, loaded once, with its cache: ``step(ids)`` runs the program on the next tokens and
-    returns their logits ``[len(ids), vocab]``; ``reset()`` empties the cache. A session keeps no
-    state in the runtime: the cache is the program's input, and its output is either the whole
-    updated cache or (``layout.cache == "rows"``) the new rows, written here in place."""
+    returns their logits ``[len(ids), vocab]``; ``reset()`` empties the cache. The cache is the
+    program's input, and its output is either the whole updated cache or (``"rows"``,
+    ``"genai"``) the new rows, written here in place; a ``"genai"`` file is fed the past of the
+    tokens seen, as onnxruntime-genai feeds it. A ``"buffers"`` file (the .pte of a deploy
+    folder) keeps its cache inside: ``reopen`` loads it again to empty it."""
 
-    def __init__(self, runner: Any, layout: LlmLayout, label: str = "the program") -> None:
+    def __init__(
+        self,
+        runner: Any,
+        layout: LlmLayout,
+        label: str = "the program",
+        reopen: Any = None,
+        past_slots: Any = None,
+    ) -> None:
+        """``past_slots``: how many cache slots a call at a position passes, instead of what the
+        layout says (a proof drives a file with the past another file is fed)."""
         self.runner, self.layout, self.label = runner, layout, label
+        self.past_slots = past_slots
+        self._reopen = reopen
+        self._fresh = True
+        if layout.cache == "buffers" and reopen is None:
+            raise InputError(
+                f"{label} keeps its cache inside: a session over it needs a way to load it again",
+                hint="open it with DecoderSession.open(path)",
+            )
         self.reset()
 
     @classmethod
@@ -97,12 +116,19 @@ class DecoderSession:
         if not path.is_file():
             raise InputError(f"{path} does not exist", hint="pass the path of an exported file")
         runner = open_runner(target, path, isolated=False)
-        return cls(runner, read_layout(path, runner if target == "onnx" else None), path.name)
+        layout = read_layout(path, runner if target == "onnx" else None)
+        return cls(runner, layout, path.name, reopen=lambda: open_runner(target, path, isolated=False))
 
     def reset(self) -> None:
         dtype = getattr(torch, self.layout.dtype)
-        self.past_k = torch.zeros(self.layout.cache_shape(), dtype=dtype)
-        self.past_v = torch.zeros(self.layout.cache_shape(values=True), dtype=dtype)
+        if self.layout.cache == "buffers":  # the cache is inside: a fresh load empties it
+            if not self._fresh:
+                self.runner = self._reopen()
+            self._fresh = True
+            self.past_k = self.past_v = torch.zeros(0, dtype=dtype)
+        else:
+            self.past_k = torch.zeros(self.layout.cache_shape(), dtype=dtype)
+            self.past_v = torch.zeros(self.layout.cache_shape(values=True), dtype=dtype)
         self.position = 0
 
     def check_room(self, prompt: int, new: int) -> None:
@@ -126,10 +152,20 @@ class DecoderSession:
             )
         tokens = torch.tensor([list(ids)], dtype=torch.long)
         position = torch.arange(self.position, self.position + n, dtype=torch.long)
-        slots = self.layout.past_length(self.position) if self.layout.cache == "rows" else t
+        kind = self.layout.cache
+        if kind == "buffers":
+            self._fresh = False
+            logits = self.runner.run([tokens, position])[0]
+            self.position += n
+            return logits[0]
+        slots = {"rows": self.layout.past_length(self.position), "genai": self.position}.get(kind, t)
+        if self.past_slots is not None:
+            slots = self.past_slots(self.position)
         past = self.layout.past_args(self.past_k, self.past_v, slots)
-        logits, k, v = self.runner.run([tokens, position, *past])
-        if self.layout.cache == "rows":  # the new rows, written here at their positions
+        if kind == "genai":
+            position = position.unsqueeze(0)
+        logits, k, v = self.runner.run([tokens, position, *past])[:3]
+        if kind in ("rows", "genai"):  # the new rows, written here at their positions
             self.past_k[:, :, :, self.position : self.position + n] = k
             self.past_v[:, :, :, self.position : self.position + n] = v
         else:
@@ -172,13 +208,30 @@ def generate(
     max_new_tokens: int,
     return_logits: bool = False,
     stop_at_eos: bool = True,
+    chat: bool = False,
 ) -> Any:
     """Greedy generation from an ``export_llm`` file: ONNX Runtime for ``.onnx``, ExecuTorch for
     ``.pte``. Returns the token ids ``[1, prompt + new]`` (as transformers' ``generate`` does), and
     with ``return_logits`` also the logits that chose each new token (``[new, vocab]``).
 
+    ``input_ids`` may be text: the tokenizer written beside the file (a deploy folder's
+    ``tokenizer.json``) encodes it (``chat=True``: as one user turn of its chat template), and
+    the answer comes back as text (the new tokens decoded), with the logits when asked.
+
     Raises :class:`SequenceTooLongError` when the prompt plus ``max_new_tokens`` is past the
     file's ``max_seq_len``."""
     with typed_errors("generate"):
+        tokenizer = None
+        if isinstance(input_ids, str):
+            from .deploy.tokenizer import folder_tokenizer, render_chat
+
+            tokenizer = folder_tokenizer(pathlib.Path(path).parent)
+            text = render_chat(tokenizer, input_ids) if chat else input_ids
+            input_ids = tokenizer(text, add_special_tokens=not chat)["input_ids"]
+        elif chat:
+            raise InputError("chat=True needs the prompt as text", hint="pass the prompt as a string")
         gen = DecoderSession.open(path).generate(input_ids, max_new_tokens, stop_at_eos=stop_at_eos)
+    if tokenizer is not None:
+        answer = tokenizer.decode(gen.new_tokens, skip_special_tokens=True)
+        return (answer, gen.logits) if return_logits else answer
     return (gen.tokens, gen.logits) if return_logits else gen.tokens

@@ -1,0 +1,158 @@
+"""The .pte that ExecuTorch's own LLM runner loads: ``forward(input_ids[1,S], cache_position[S])
+-> logits[1,S,V]`` with each layer's keys and values in mutable buffers, and the constant methods
+its runner reads first.
+
+Why this signature: ``TextLLMRunner`` (``extension/llm/runner/`` in ExecuTorch 1.4.1, the runner
+of the Android and iOS apps and ``llama_main``) calls ``forward(tokens, positions)`` and, when the
+second input's planned size is above one, passes every position ``start..start+S-1``, which is the
+shared program's own ``cache_position``. It reads one output (the logits) and keeps no cache of
+its own, so the cache lives in the program.
+
+Why a wrapper around the shared program and not a second trace of the model: the wrapper calls
+``exported_program.module()`` (the one trace, its parameters the holder's tensors), hands it the
+buffers as the cache (all ``T`` slots: the largest past the program declares, and the slots from
+the first position written on are masked there) and writes the new rows back at
+``cache_position`` in place. Capturing that wrapper is the target's pass: the graph is the shared
+program's, plus the reads and writes of the buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import ExportedProgram
+
+from ...errors import XnnpackLoweringError
+from ..layout import LlmLayout
+
+__all__ = ["CacheInBuffers", "runner_program", "runner_methods", "lower_runner_pte", "RUNNER_METHODS"]
+
+logger = logging.getLogger(__name__)
+
+#: The constant methods ExecuTorch's text runner reads (extension/llm/runner/constants.h, 1.4.1):
+#: ``get_max_seq_len`` is required; the BOS id and the vocabulary size it takes from the
+#: tokenizer, the rest from here.
+RUNNER_METHODS = (
+    "get_max_seq_len",
+    "get_max_context_len",
+    "use_kv_cache",
+    "use_sdpa_with_kv_cache",
+    "enable_dynamic_shape",
+    "get_bos_id",
+    "get_eos_ids",
+    "get_vocab_size",
+)
+
+
+class CacheInBuffers(nn.Module):
+    """The shared program with its cache kept inside: ``k_cache_<i>``/``v_cache_<i>``
+    ``[1, Hkv, T, D]`` buffers (not persistent: they are state, not weights), read whole as the
+    program's past and written at ``cache_position`` after each call (``"rows"`` programs return
+    the new rows; whole-cache programs the updated cache)."""
+
+    def __init__(self, program: ExportedProgram, layout: LlmLayout) -> None:
+        super().__init__()
+        self.program = program.module()
+        self.layers = layout.layers
+        self.rows = layout.cache == "rows"
+        dtype = getattr(torch, layout.dtype)
+        t = layout.max_seq_len
+        for i in range(layout.layers):
+            self.register_buffer(
+                f"k_cache_{i}",
+                torch.zeros(1, layout.kv_heads, t, layout.head_dim, dtype=dtype),
+                persistent=False,
+            )
+            self.register_buffer(
+                f"v_cache_{i}",
+                torch.zeros(1, layout.kv_heads, t, layout.v_head_dim, dtype=dtype),
+                persistent=False,
+            )
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        keys = [getattr(self, f"k_cache_{i}") for i in range(self.layers)]
+        values = [getattr(self, f"v_cache_{i}") for i in range(self.layers)]
+        logits, new_k, new_v = self.program(input_ids, cache_position, *keys, *values)
+        for i in range(self.layers):
+            if self.rows:
+                keys[i].index_copy_(2, cache_position, new_k[i])
+                values[i].index_copy_(2, cache_position, new_v[i])
+            else:
+                keys[i].copy_(new_k[i])
+                values[i].copy_(new_v[i])
+        return logits
+
+
+def runner_program(program: ExportedProgram, layout: LlmLayout) -> ExportedProgram:
+    """Capture :class:`CacheInBuffers` over ``program`` with ``S`` in ``1..T-1`` (prefill and
+    decode), as the shared program declares it. Its parameters are the holder's tensors."""
+    wrapper = CacheInBuffers(program, layout)
+    seq = torch.export.Dim("seq", min=1, max=layout.max_prompt)
+    n = min(4, layout.max_prompt)
+    args = (torch.zeros(1, n, dtype=torch.long), torch.arange(n, dtype=torch.long))
+    with torch.no_grad():
+        captured = torch.export.export(
+            wrapper, args, dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}}, strict=False
+        )
+    return captured
+
+
+def _check_mutations(decomposed: ExportedProgram, layout: LlmLayout) -> None:
+    """Each cache buffer must be written back (a functional program lists it as mutated: the
+    capture keeps ``index_copy_`` in place, the decomposition makes it a mutation)."""
+    written = set(decomposed.graph_signature.buffers_to_mutate.values())
+    want = {f"{kv}_cache_{i}" for kv in "kv" for i in range(layout.layers)}
+    if not want <= written:
+        raise XnnpackLoweringError(
+            f"the runner program does not write back the cache buffers {sorted(want - written)}",
+            target="xnnpack",
+            hint="report the model: its cache update did not become a buffer mutation",
+        )
+
+
+def runner_methods(layout: LlmLayout, bos_id: int | None, eos_ids: tuple[int, ...]) -> dict[str, Any]:
+    """The constant methods of :data:`RUNNER_METHODS`: the context is the cache's ``T`` slots,
+    the longest call ``T`` too (the runner treats a shorter one as a ring buffer and stops
+    counting positions; the program takes ``S <= T-1``, and the runner refuses a prompt that
+    leaves no room, so no call reaches ``T``)."""
+    eos = list(eos_ids or layout.eos_token_ids)
+    methods: dict[str, Any] = {
+        "get_max_seq_len": layout.max_seq_len,
+        "get_max_context_len": layout.max_seq_len,
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": False,
+        "enable_dynamic_shape": True,
+        "get_vocab_size": layout.vocab,
+    }
+    if bos_id is not None:
+        methods["get_bos_id"] = int(bos_id)
+    if eos:
+        methods["get_eos_ids"] = [int(e) for e in eos]
+    return methods
+
+
+def lower_runner_pte(
+    program: ExportedProgram,
+    layout: LlmLayout,
+    staging: pathlib.Path,
+    name: str,
+    options: Any,
+    methods: Mapping[str, Any],
+) -> Any:
+    """Capture the runner program, decompose it as the XNNPACK target does (its pipeline of
+    rewrites included) and lower it with the runner's constant methods; the file is
+    ``staging/<name>.pte`` (and ``<name>.ptd`` when the weights go to a data file). Returns the
+    target's ``LoweredTarget``."""
+    from ...exporters.xnnpack import XnnpackExporter
+
+    exporter = XnnpackExporter()
+    captured = runner_program(program, layout)
+    decomposed = exporter.decompose(captured, options)
+    del captured
+    _check_mutations(decomposed, layout)
+    return exporter.lower(decomposed, staging, name, options, methods=dict(methods))

@@ -1,0 +1,257 @@
+"""The deploy folder ``export_llm`` writes by default: what the runtimes' own LLM runners load, and
+nothing else.
+
+```
+<out>/model.pte             ExecuTorch's TextLLMRunner (cache inside, metadata methods)
+<out>/model.ptd             its weights, when they go to a data file (large models)
+<out>/model.onnx(.data)     onnxruntime-genai's og.Model(<out>)
+<out>/genai_config.json
+<out>/tokenizer.json, tokenizer_config.json (chat template), ...
+<out>/.dualexport/          dualexport's own: the proven explicit-cache files, the .pt2 and
+                            inputs of the re-export cache, the weight manifest, the lock
+```
+
+Each deploy file is made from the one shared program (the .pte from the program itself, the
+.onnx from the proven .onnx), proven by generation walks from disk (``proof.py``), and the
+folder's files are committed as one set: a file that fails its proof is not published and the
+result says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import DualExportError
+from ..layout import LlmLayout
+
+__all__ = ["DeployFolder", "write_deploy_folder", "CACHE_FOLDER", "RUNNER_TARGETS"]
+
+logger = logging.getLogger(__name__)
+
+#: dualexport's own files inside a deploy folder (not shipped).
+CACHE_FOLDER = ".dualexport"
+#: The key each deploy file's failure is reported under in ``ExportResult.errors``.
+RUNNER_TARGETS = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
+
+
+@dataclass(frozen=True)
+class DeployFolder:
+    """The files a user ships (``files``), by role; the proof of each; what was not written, why."""
+
+    folder: pathlib.Path
+    pte: pathlib.Path | None = None
+    onnx: pathlib.Path | None = None
+    genai_config: pathlib.Path | None = None
+    tokenizer: tuple[pathlib.Path, ...] = ()
+    files: tuple[pathlib.Path, ...] = ()
+    proofs: Mapping[str, Any] = field(default_factory=dict)
+    errors: Mapping[str, DualExportError] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def write_deploy_folder(
+    res: Any,
+    layout: LlmLayout,
+    out_dir: pathlib.Path,
+    name: str,
+    *,
+    model: Any,
+    tokenizer: Any,
+    options: Any,
+) -> DeployFolder:
+    """Make, prove and commit the deploy files of ``res`` (an ``export_llm`` result whose files
+    are in ``out_dir/.dualexport``) into ``out_dir``. A target whose explicit file failed gets no
+    deploy file; a deploy file that fails is reported, not published."""
+    import time
+
+    from ...outputs.atomic import staging_dir
+    from ...outputs.commit import ArtifactSet
+    from ...outputs.lock import export_lock
+    from .tokenizer import save_tokenizer, special_ids
+
+    bos, eos, pad = special_ids(tokenizer, model)
+    errors: dict[str, DualExportError] = {}
+    skipped: dict[str, str] = {}
+    proofs: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    roles: dict[str, Any] = {}
+    cache = out_dir / CACHE_FOLDER
+    with export_lock(cache, f"{name}.deploy"), staging_dir(out_dir) as staging:
+        for target in ("xnnpack", "onnx"):
+            if target not in res.artifacts:
+                if target not in res.errors:
+                    continue
+                skipped[target] = f"its explicit-cache file failed: {res.errors[target].message}"
+                continue
+            start = time.perf_counter()
+            try:
+                if target == "xnnpack":
+                    roles["pte"], proofs[target] = _runner_pte(res, layout, staging, name, options, bos, eos)
+                else:
+                    made = _genai(res, layout, staging, name, model, bos, eos, pad)
+                    if made is None:
+                        skipped[target] = "the decoder needs the whole-cache program (see the log)"
+                    else:
+                        roles["onnx"], roles["genai_config"], proofs[target] = made
+            except DualExportError as exc:
+                logger.warning("the %s deploy file was not published: %s", target, exc.message)
+                errors[RUNNER_TARGETS[target]] = exc
+                _remove_staged(staging, name, target)
+            seconds[RUNNER_TARGETS[target]] = time.perf_counter() - start
+        tokenizer_files: tuple[pathlib.Path, ...] = ()
+        if tokenizer is not None:
+            tokenizer_files = save_tokenizer(tokenizer, staging)
+        tx = ArtifactSet(out_dir, name, staging)
+        committed = tx.commit()
+
+    def final(path: pathlib.Path | None) -> pathlib.Path | None:
+        return None if path is None else out_dir / path.name
+
+    return DeployFolder(
+        folder=out_dir,
+        pte=final(roles.get("pte")),
+        onnx=final(roles.get("onnx")),
+        genai_config=final(roles.get("genai_config")),
+        tokenizer=tuple(out_dir / p.name for p in tokenizer_files),
+        files=tuple(committed),
+        proofs=proofs,
+        errors=errors,
+        skipped=skipped,
+        seconds=seconds,
+    )
+
+
+def _remove_staged(staging: pathlib.Path, name: str, target: str) -> None:
+    suffixes = (".pte", ".ptd") if target == "xnnpack" else (".onnx", ".onnx.data")
+    for suffix in suffixes:
+        with contextlib.suppress(FileNotFoundError):
+            (staging / f"{name}{suffix}").unlink()
+    if target == "onnx":
+        from .genai import GENAI_CONFIG
+
+        with contextlib.suppress(FileNotFoundError):
+            (staging / GENAI_CONFIG).unlink()
+
+
+def _quantized(res: Any) -> bool:
+    from ...exporters.onnx_quant import uses_torchao
+
+    return bool(uses_torchao(res.program.exported_program))
+
+
+def _runner_pte(
+    res: Any, layout: LlmLayout, staging: pathlib.Path, name: str, options: Any, bos: Any, eos: Any
+) -> tuple[pathlib.Path, Any]:
+    from ...runtimes import open_runner
+    from ..session import DecoderSession
+    from .executorch import lower_runner_pte, runner_methods
+    from .proof import ProgramRunner, prove_deploy_file
+
+    record = dataclasses.replace(
+        layout, cache="buffers", inputs=("input_ids", "cache_position"), outputs=("logits",)
+    )
+    opts = _with_layout(options, record)
+    lowered = lower_runner_pte(
+        res.program.exported_program, layout, staging, name, opts, runner_methods(layout, bos, eos)
+    )
+    path = lowered.files[0]
+    quantized = _quantized(res)
+    if quantized:
+        explicit = res.artifacts["xnnpack"].path
+        t = layout.max_seq_len
+
+        def reference() -> Any:
+            runner = open_runner("xnnpack", explicit, isolated=False)
+            return DecoderSession(runner, layout, explicit.name, past_slots=lambda _: t)
+
+        against = f"the proven {explicit.name} fed all {t} cache slots"
+    else:
+
+        def reference() -> Any:
+            return DecoderSession(ProgramRunner(res.program.exported_program), layout, "the shared program")
+
+        against = "the shared program"
+    proof = prove_deploy_file(path, "xnnpack", reference, against, layout, quantized)
+    return path, proof
+
+
+def _genai(
+    res: Any,
+    layout: LlmLayout,
+    staging: pathlib.Path,
+    name: str,
+    model: Any,
+    bos: Any,
+    eos: Any,
+    pad: Any,
+) -> tuple[pathlib.Path, pathlib.Path, Any] | None:
+    from ...runtimes import open_runner
+    from ..session import DecoderSession
+    from .genai import GENAI_CONFIG, bake_session_config, genai_config, genai_onnx, write_config
+    from .proof import ProgramRunner, prove_deploy_file
+
+    if layout.cache != "rows":
+        logger.warning(
+            "no onnxruntime-genai file: %s exports with the whole cache (its attention asks the "
+            "cache for more than the new rows), which onnxruntime-genai cannot feed",
+            layout.model,
+        )
+        return None
+    explicit = res.artifacts["onnx"].path
+    path = staging / f"{name}.onnx"
+    quantized = _quantized(res)
+    if quantized:  # written aside, then baked with its session entries (genai.bake_session_config)
+        aside = staging / ".genai"
+        aside.mkdir()
+        try:
+            genai_onnx(explicit, aside / path.name, layout)
+            bake_session_config(aside / path.name, path)
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    else:
+        genai_onnx(explicit, path, layout)
+    if quantized:
+
+        def reference() -> Any:
+            runner = open_runner("onnx", explicit, isolated=False)
+            # fed the past of the tokens seen, as the genai file is: a size below the range the
+            # explicit file declares (from past_step), which its graph takes as it is
+            runner.input_specs = None  # type: ignore[attr-defined]
+            return DecoderSession(runner, layout, explicit.name, past_slots=lambda p: p)
+
+        against = f"the proven {explicit.name} fed the past of the tokens seen"
+    else:
+
+        def reference() -> Any:
+            return DecoderSession(ProgramRunner(res.program.exported_program), layout, "the shared program")
+
+        against = "the shared program"
+    proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
+    config = genai_config(
+        layout,
+        filename=path.name,
+        model_config=getattr(model, "config", None),
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        pad_token_id=pad,
+    )
+    return path, write_config(staging / GENAI_CONFIG, config), proof
+
+
+def _with_layout(options: Any, layout: LlmLayout) -> Any:
+    from ..layout import LAYOUT_KEY
+
+    kept = tuple((k, v) for k, v in options.file_metadata if k != LAYOUT_KEY)
+    return dataclasses.replace(options, file_metadata=kept + ((LAYOUT_KEY, layout.to_json()),))

@@ -1,0 +1,174 @@
+"""Prove a deploy file by generation walks, from disk, before it is published.
+
+Why walks and not the proof sets of ``dx.export``: a runner's .pte keeps its cache inside, so
+it cannot be handed a cache; it is run as its runner runs it, a prompt then one token at a time,
+and so is the genai .onnx (the past of exactly the tokens seen). Three walks cover the edges of
+what the runners feed: a one-token prompt then decode steps (the smallest call, the first
+positions), a prompt of about half the window, and the longest prompt (``T - 1`` tokens) then the
+last position. The tokens are fixed in advance (teacher-forced), so both sides see the same
+inputs whatever they compute.
+
+Against what:
+
+* a float program: the shared program itself, driven the same way through its explicit cache,
+  by the target's float criterion (``parity/tolerances.py``), each call's logits;
+* a quantized program (torchao ops): its arithmetic is chaotic (a 1e-7 change of an activation
+  moves a token to the next int8 level, and real int4 programs sit 19-36 dB from themselves
+  under such noise: docs/quantization.md), so an end-to-end comparison proves nothing tight.
+  The deploy file is the proven file of its target with other I/O (the same graph, the same
+  kernels), so it is held to that file driven with the same past (all ``T`` slots for the .pte,
+  exactly the tokens seen for the .onnx) at :data:`SAME_FILE_MIN_SNR_DB`: the same numbers, up
+  to a kernel's choice of summation order. The proven file was held to the program linear by
+  linear (pipeline/forced_proof.py).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import DualExportError, ProofMismatchError, RuntimeExecutionError
+from ..layout import LlmLayout
+
+__all__ = ["Walk", "walks", "WalkCheck", "DeployProof", "prove_deploy_file", "SAME_FILE_MIN_SNR_DB"]
+
+#: A deploy file against the proven file it was made from (same graph and kernels): the bar of
+#: the tapped lowering that stands for a .pte (pipeline/forced_proof.py), the same numbers.
+SAME_FILE_MIN_SNR_DB = 80.0
+#: Decode steps after each prompt.
+DECODE_STEPS = 4
+
+
+@dataclass(frozen=True)
+class Walk:
+    """A prompt of ``prompt`` tokens, then ``decode`` one-token calls (teacher-forced ids)."""
+
+    label: str
+    prompt: int
+    decode: int
+
+    def tokens(self, vocab: int, seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, vocab, (self.prompt + self.decode,), generator=g).tolist()
+
+
+def walks(layout: LlmLayout) -> tuple[Walk, ...]:
+    """The walks a deploy file is proven on (see the module docstring)."""
+    t = layout.max_seq_len
+    longest = t - 1
+    half = max(2, min(t // 2, longest - DECODE_STEPS))
+    out = [Walk("a 1-token prompt", 1, min(DECODE_STEPS, longest - 1))]
+    if 1 < half < longest:
+        out.append(Walk(f"a {half}-token prompt", half, min(DECODE_STEPS, t - half)))
+    out.append(Walk(f"the longest prompt ({longest} tokens) and the last position", longest, 1))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class WalkCheck:
+    walk: str
+    calls: int
+    max_abs: float
+    snr_db: float
+
+
+@dataclass(frozen=True)
+class DeployProof:
+    """What a deploy file was proven against, and the worst agreement of each walk."""
+
+    file: str
+    against: str
+    walks: tuple[WalkCheck, ...]
+
+    @property
+    def worst_snr_db(self) -> float:
+        return min((w.snr_db for w in self.walks), default=float("inf"))
+
+
+def drive(session: Any, tokens: Sequence[int], prompt: int) -> list[torch.Tensor]:
+    """The logits of each call of a walk: the prompt's ``[prompt, V]``, then each step's ``[1, V]``."""
+    session.reset()
+    out = [session.step(list(tokens[:prompt]))]
+    for token in tokens[prompt:]:
+        out.append(session.step([token]))
+    return out
+
+
+class ProgramRunner:
+    """The shared program run eagerly on flat inputs (the reference of a float deploy file)."""
+
+    name = "eager"
+
+    def __init__(self, program: Any) -> None:
+        from ...shared_state.program import reference_module
+
+        self.module = reference_module(program)
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [o.detach() for o in self.module(*inputs)]
+
+
+def prove_deploy_file(
+    path: pathlib.Path,
+    target: str,
+    reference: Callable[[], Any],
+    against: str,
+    layout: LlmLayout,
+    quantized: bool,
+) -> DeployProof:
+    """Walk ``path`` (opened as a :class:`~dualexport.llm.session.DecoderSession`) and the
+    ``reference`` session (made by the callable) over :func:`walks`; raise
+    :class:`ProofMismatchError` naming the walk and the call where a file departs."""
+    from ...parity.metrics import compute_metrics
+    from ...parity.tolerances import tolerance_for
+    from ..session import DecoderSession
+
+    try:
+        session = DecoderSession.open(path)
+    except DualExportError as exc:
+        raise RuntimeExecutionError(
+            f"{path.name} does not load: {exc.message}", target=target, hint=exc.hint
+        ) from exc
+    ref = reference()
+    checks = []
+    for index, walk in enumerate(walks(layout)):
+        tokens = walk.tokens(layout.vocab, seed=index)
+        try:
+            got = drive(session, tokens, walk.prompt)
+        except DualExportError as exc:
+            raise RuntimeExecutionError(
+                f"{path.name} does not run {walk.label}: {exc.message}", target=target, hint=exc.hint
+            ) from exc
+        want = drive(ref, tokens, walk.prompt)
+        worst_abs, worst_snr = 0.0, float("inf")
+        for call, (g, w) in enumerate(zip(got, want, strict=True)):
+            where = "the prompt" if call == 0 else f"decode step {call} (position {walk.prompt + call - 1})"
+            if tuple(g.shape) != tuple(w.shape):
+                raise ProofMismatchError(
+                    f"{path.name} returns logits of shape {tuple(g.shape)} at {where} of {walk.label}; "
+                    f"{against} gives {tuple(w.shape)}",
+                    target=target,
+                    hint="the file does not compute the program it was made from; it was not published",
+                )
+            if quantized:
+                m = compute_metrics(g.float(), w.float(), rtol=0.0, atol=0.0)
+                ok, bar = m.snr_db >= SAME_FILE_MIN_SNR_DB, f"SNR >= {SAME_FILE_MIN_SNR_DB:.0f} dB"
+            else:
+                tol = tolerance_for(target, w.dtype)
+                m = tol.judge(g, w)
+                ok, bar = m.ok, tol.source
+            if not ok:
+                raise ProofMismatchError(
+                    f"{path.name} computes other logits than {against} at {where} of {walk.label}: "
+                    f"max_abs {m.max_abs:.3g}, SNR {m.snr_db:.1f} dB ({bar})",
+                    target=target,
+                    hint="the file does not compute the program it was made from; it was not published",
+                )
+            worst_abs, worst_snr = max(worst_abs, m.max_abs), min(worst_snr, m.snr_db)
+        checks.append(WalkCheck(walk.label, len(got), worst_abs, worst_snr))
+    return DeployProof(path.name, against, tuple(checks))
