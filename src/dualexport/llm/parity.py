@@ -354,7 +354,8 @@ def generation_parity(
     tolerance: StepTolerance | None = None,
 ) -> GenerationReport:
     """Free-running and teacher-forced parity of an ``export_llm`` result (``res``), from its
-    files on disk. ``model``: the exported decoder; with a ``generate`` method (a transformers
+    files on disk (the explicit-cache files and, for a deploy folder, the runner files:
+    ``xnnpack:runner`` and ``onnx:genai``, driven by the same loop). ``model``: the exported decoder; with a ``generate`` method (a transformers
     model) its greedy tokens are the reference, else the shared program's are. A quantized
     program is its own reference (the float model computes something else), held to
     :data:`QUANTIZED_TOLERANCE` unless ``tolerance`` is given."""
@@ -370,6 +371,11 @@ def generation_parity(
         EagerRunner(shared.exported_program, shared.example_args, shared.example_kwargs), layout, "eager"
     )
     sessions = {"eager": eager, **{t: DecoderSession.open(p) for t, p in paths.items()}}
+    deploy = getattr(res, "deploy", None)
+    if deploy is not None:  # the runner files of the deploy folder, in the same loop
+        for key, path in (("xnnpack:runner", deploy.pte), ("onnx:genai", deploy.onnx)):
+            if path is not None:
+                sessions[key] = DecoderSession.open(path)
     quantized = uses_torchao(shared.exported_program)
     tol = tolerance or (QUANTIZED_TOLERANCE if quantized else StepTolerance())
     tols = {

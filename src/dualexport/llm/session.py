@@ -92,6 +92,9 @@ class DecoderSession:
         layout says (a proof drives a file with the past another file is fed)."""
         self.runner, self.layout, self.label = runner, layout, label
         self.past_slots = past_slots
+        #: a ``"genai"`` file's genai_config.json (the names it is fed by), when beside it
+        self.genai_config: dict[str, Any] | None = None
+        self._past: dict[str, torch.Tensor] = {}
         self._reopen = reopen
         self._fresh = True
         if layout.cache == "buffers" and reopen is None:
@@ -117,7 +120,13 @@ class DecoderSession:
             raise InputError(f"{path} does not exist", hint="pass the path of an exported file")
         runner = open_runner(target, path, isolated=False)
         layout = read_layout(path, runner if target == "onnx" else None)
-        return cls(runner, layout, path.name, reopen=lambda: open_runner(target, path, isolated=False))
+        session = cls(runner, layout, path.name, reopen=lambda: open_runner(target, path, isolated=False))
+        config = path.parent / "genai_config.json"
+        if layout.cache == "genai" and config.is_file():
+            import json
+
+            session.genai_config = json.loads(config.read_text())
+        return session
 
     def reset(self) -> None:
         dtype = getattr(torch, self.layout.dtype)
@@ -158,6 +167,10 @@ class DecoderSession:
             logits = self.runner.run([tokens, position])[0]
             self.position += n
             return logits[0]
+        if kind == "genai" and self.past_slots is None:
+            logits = self._genai_step(tokens, position)
+            self.position += n
+            return logits[0]
         slots = {"rows": self.layout.past_length(self.position), "genai": self.position}.get(kind, t)
         if self.past_slots is not None:
             slots = self.past_slots(self.position)
@@ -172,6 +185,36 @@ class DecoderSession:
             self.past_k, self.past_v = k, v
         self.position += n
         return logits[0]
+
+    def _genai_step(self, tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """One call as onnxruntime-genai makes it: inputs and outputs bound by the names its
+        config gives (``genai_config.json`` beside the file, else its defaults), the past of
+        exactly the tokens seen in, the presents read back as the next past."""
+        import numpy as np
+
+        from .deploy.genai import genai_names
+
+        names = genai_names(self.layout.layers, self.genai_config)
+        if self.position == 0:
+            dtype = getattr(torch, self.layout.dtype)
+            k, v = self.layout.cache_shape(), self.layout.cache_shape(values=True)
+            empty = [torch.zeros(1, k[2], 0, k[4], dtype=dtype)] * self.layout.layers
+            empty += [torch.zeros(1, v[2], 0, v[4], dtype=dtype)] * self.layout.layers
+            self._past = dict(zip(names.past, empty, strict=True))
+        feed = {names.input_ids: tokens, names.position_ids: position.unsqueeze(0), **self._past}
+        session = self.runner.session
+        wanted = [names.logits, *names.present]
+        try:
+            outs = session.run(wanted, {k: np.ascontiguousarray(v.numpy()) for k, v in feed.items()})
+        except Exception as exc:
+            raise InputError(
+                f"{self.label} does not run as onnxruntime-genai feeds it: {exc}",
+                hint="the file's inputs and outputs must carry the names genai_config.json gives",
+            ) from exc
+        self._past = {
+            name: torch.from_numpy(np.asarray(o)) for name, o in zip(names.past, outs[1:], strict=True)
+        }
+        return torch.from_numpy(np.asarray(outs[0]))
 
     def generate(self, input_ids: Any, max_new_tokens: int, *, stop_at_eos: bool = True) -> Generation:
         """Greedy: prefill the prompt, then one token per step until ``max_new_tokens`` (or an

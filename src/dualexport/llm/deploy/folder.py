@@ -88,6 +88,7 @@ def write_deploy_folder(
     seconds: dict[str, float] = {}
     roles: dict[str, Any] = {}
     cache = out_dir / CACHE_FOLDER
+    cache.mkdir(parents=True, exist_ok=True)
     with export_lock(cache, f"{name}.deploy"), staging_dir(out_dir) as staging:
         for target in ("xnnpack", "onnx"):
             if target not in res.artifacts:

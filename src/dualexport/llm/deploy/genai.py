@@ -21,6 +21,7 @@ import json
 import logging
 import pathlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ArtifactFormatError
@@ -34,6 +35,8 @@ __all__ = [
     "present_names",
     "genai_layout",
     "bake_session_config",
+    "genai_names",
+    "GenaiNames",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,34 @@ def past_names(layers: int) -> list[str]:
 
 def present_names(layers: int) -> list[str]:
     return [_PRESENT[0] % i for i in range(layers)] + [_PRESENT[1] % i for i in range(layers)]
+
+
+@dataclass(frozen=True)
+class GenaiNames:
+    """The names onnxruntime-genai binds: from a ``genai_config.json`` or its defaults."""
+
+    input_ids: str
+    position_ids: str
+    logits: str
+    past: tuple[str, ...]  # each layer's keys, then each layer's values
+    present: tuple[str, ...]
+
+
+def genai_names(layers: int, config: Mapping[str, Any] | None = None) -> GenaiNames:
+    """What onnxruntime-genai feeds and reads for a decoder of ``layers`` layers: the name
+    patterns of ``config`` (a parsed ``genai_config.json``), else onnxruntime-genai's defaults
+    (the same as the ones dualexport writes)."""
+    decoder = (config or {}).get("model", {}).get("decoder", {})
+    inputs, outputs = decoder.get("inputs", {}), decoder.get("outputs", {})
+    pk, pv = inputs.get("past_key_names", _PAST[0]), inputs.get("past_value_names", _PAST[1])
+    ok, ov = outputs.get("present_key_names", _PRESENT[0]), outputs.get("present_value_names", _PRESENT[1])
+    return GenaiNames(
+        input_ids=inputs.get("input_ids", "input_ids"),
+        position_ids=inputs.get("position_ids", "position_ids"),
+        logits=outputs.get("logits", "logits"),
+        past=tuple([pk % i for i in range(layers)] + [pv % i for i in range(layers)]),
+        present=tuple([ok % i for i in range(layers)] + [ov % i for i in range(layers)]),
+    )
 
 
 def genai_layout(layout: LlmLayout) -> LlmLayout:

@@ -1,0 +1,237 @@
+"""Deploy folders (issue 50): ``export_llm`` writes what the runtimes' own LLM runners load, from
+one trace. A tiny Llama (seeded random weights) with a byte-level BPE tokenizer trained here on a
+license text (its alphabet the text's ASCII characters, so every token is whole UTF-8: ExecuTorch's
+Python binding cannot hand a partial character to its callback); ExecuTorch's ``TextLLMRunner``
+and onnxruntime-genai's ``Generator`` each answer text prompts with transformers' greedy tokens;
+``dx.generate`` and ``dualexport generate FOLDER --prompt`` on the same folder; and a deploy file
+wired wrongly (caches swapped between layers, a cache write dropped) is refused by its proof and
+not published. One export for the module."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import dualexport as dx
+from dualexport.errors import ProofMismatchError
+
+T = 48
+NEW = 8
+TEXT = pathlib.Path("/usr/share/common-licenses/Apache-2.0")
+PROMPTS = ("the License", "Copyright notice")
+CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+def trained_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from dualexport.loading import allow_torchvision
+
+    allow_torchvision()
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"])
+    tok.train_from_iterator([TEXT.read_text()], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    fast.chat_template = CHAT
+    return fast
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployed:
+    model: Any
+    tokenizer: Any
+    res: Any
+    folder: pathlib.Path
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
+    import transformers
+
+    tokenizer = trained_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("deploy")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=folder, tokenizer=tokenizer)
+    assert res.ok, dict(res.errors)
+    return Deployed(model, tokenizer, res, folder)
+
+
+def hf_new_tokens(d: Deployed, text: str, n: int = NEW) -> list[int]:
+    ids = d.tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = d.model.generate(ids, max_new_tokens=n, do_sample=False)
+    return [int(t) for t in out[0, ids.shape[1] :]]
+
+
+def test_folder_holds_what_the_runners_load(deployed: Deployed) -> None:
+    """The runner files, the config and the tokenizer at the top; dualexport's own files (the
+    proven explicit-cache files, the re-export cache, the lock) in .dualexport; each runner file
+    proven by generation walks."""
+    folder, deploy = deployed.folder, deployed.res.deploy
+    shipped = {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+    assert {
+        "model.pte",
+        "model.onnx",
+        "genai_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= shipped
+    assert not any(n.endswith((".pt2", ".npz", ".lock")) for n in shipped)
+    assert not (folder / ".model.lock").exists()
+    cache = folder / ".dualexport"
+    assert (cache / "model.pt2").is_file() and (cache / "model.inputs.npz").is_file()
+    assert {p.name for p in deploy.files} == shipped
+    assert set(deploy.proofs) == {"xnnpack", "onnx"}
+    for proof in deploy.proofs.values():
+        assert len(proof.walks) == 3 and proof.worst_snr_db > 100, proof
+    config = json.loads((folder / "genai_config.json").read_text())
+    decoder = config["model"]["decoder"]
+    assert decoder["filename"] == "model.onnx" and decoder["num_hidden_layers"] == 2
+    assert config["model"]["context_length"] == T and decoder["num_key_value_heads"] == 2
+    assert json.loads((folder / "tokenizer_config.json").read_text())["chat_template"] == CHAT
+
+
+def test_text_llm_runner_answers_as_transformers(deployed: Deployed) -> None:
+    """ExecuTorch's own runner over the folder's .pte: the text of each new token is the text of
+    transformers' greedy token."""
+    from dualexport.llm.deploy.runners import run_runner
+
+    for text in PROMPTS:
+        want = [deployed.tokenizer.decode([t]) for t in hf_new_tokens(deployed, text)]
+        answer = run_runner(deployed.folder, text, runtime="xnnpack", max_new_tokens=NEW)
+        assert list(answer.pieces) == want, (text, answer)
+
+
+def test_genai_generator_answers_as_transformers(deployed: Deployed) -> None:
+    """onnxruntime-genai's og.Model(folder) and Generator: the same token ids as transformers."""
+    from dualexport.llm.deploy.runners import run_runner
+
+    for text in PROMPTS:
+        answer = run_runner(deployed.folder, text, runtime="onnx", max_new_tokens=NEW)
+        assert list(answer.tokens or ()) == hf_new_tokens(deployed, text), text
+
+
+def test_dx_generate_drives_the_runner_files(deployed: Deployed) -> None:
+    """``dx.generate`` on the runner files themselves: token ids in, ids out; text in, text out."""
+    ids = deployed.tokenizer(PROMPTS[0]).input_ids
+    want = hf_new_tokens(deployed, PROMPTS[0])
+    for name in ("model.pte", "model.onnx"):
+        tokens = dx.generate(deployed.folder / name, ids, max_new_tokens=NEW)
+        assert tokens[0, len(ids) :].tolist() == want, name
+        text = dx.generate(deployed.folder / name, PROMPTS[0], max_new_tokens=NEW)
+        assert text == deployed.tokenizer.decode(want, skip_special_tokens=True), name
+
+
+def test_generation_parity_includes_the_runner_files(deployed: Deployed) -> None:
+    from dualexport.llm.parity import generation_parity
+
+    report = generation_parity(deployed.res, deployed.model, max_new_tokens=4)
+    assert {"xnnpack:runner", "onnx:genai"} <= set(report.runtimes)
+    assert report.ok, report.to_markdown()
+
+
+def test_cli_generate_prints_the_same_text_on_both_runtimes(
+    deployed: Deployed, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dualexport.cli import main
+
+    texts = {}
+    for runtime in ("xnnpack", "onnx"):
+        code = main(
+            [
+                "generate",
+                str(deployed.folder),
+                "--prompt",
+                "the License",
+                "-n",
+                str(NEW),
+                "--runtime",
+                runtime,
+            ]
+        )
+        assert code == 0
+        texts[runtime] = capsys.readouterr().out.splitlines()[0]
+    want = deployed.tokenizer.decode(hf_new_tokens(deployed, "the License"))
+    assert texts["xnnpack"] == texts["onnx"] == want.splitlines()[0], texts
+    code = main(["generate", str(deployed.folder), "--prompt", "the License", "--chat", "-n", "4"])
+    assert code == 0 and capsys.readouterr().out.strip()
+
+
+def _redeploy(d: Deployed, folder: pathlib.Path, target: str) -> Any:
+    """Write the deploy folder of ``d``'s export again, for ``target`` alone, into ``folder``."""
+    from dualexport.exporters import ExportOptions
+    from dualexport.llm.deploy import write_deploy_folder
+    from dualexport.llm.layout import read_layout
+
+    res = dataclasses.replace(d.res, artifacts={target: d.res.artifacts[target]}, errors={})
+    layout = read_layout(d.res.artifacts["onnx"].path)
+    return write_deploy_folder(
+        res, layout, folder, "model", model=d.model, tokenizer=d.tokenizer, options=ExportOptions()
+    )
+
+
+def test_a_genai_file_with_layers_caches_swapped_is_refused(
+    deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .onnx with layer 0's and layer 1's past inputs swapped (a wiring slip onnxruntime-genai
+    would feed without complaint): the walks refuse it and nothing of it is published."""
+    from dualexport.llm.deploy import genai
+
+    names = genai.past_names
+
+    def swapped(layers: int) -> list[str]:
+        out = names(layers)
+        out[0], out[1] = out[1], out[0]
+        return out
+
+    monkeypatch.setattr(genai, "past_names", swapped)
+    folder = _redeploy(deployed, tmp_path, "onnx")
+    assert isinstance(folder.errors.get("onnx:genai"), ProofMismatchError), folder.errors
+    assert "decode step" in folder.errors["onnx:genai"].message
+    assert not (tmp_path / "model.onnx").exists() and not (tmp_path / "genai_config.json").exists()
+
+
+def test_a_runner_pte_that_drops_a_cache_write_is_refused(
+    deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .pte whose program forgets to write layer 1's values back: it prefills right and
+    decodes wrong; the walks refuse it at the first decode step."""
+    from dualexport.llm.deploy import executorch
+
+    real = executorch.CacheInBuffers.forward
+
+    def forgetful(self: Any, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        saved = self.v_cache_1.clone()
+        logits = real(self, input_ids, cache_position)
+        self.v_cache_1.copy_(saved)
+        return logits
+
+    monkeypatch.setattr(executorch.CacheInBuffers, "forward", forgetful)
+    folder = _redeploy(deployed, tmp_path, "xnnpack")
+    err = folder.errors.get("xnnpack:runner")
+    assert isinstance(err, ProofMismatchError) and "decode step 1" in err.message, folder.errors
+    assert not (tmp_path / "model.pte").exists()
