@@ -65,29 +65,40 @@ def _tokenizer_file(folder: pathlib.Path) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _native_stdout_to_null() -> Iterator[None]:
-    """The C++ runner prints each piece and its stats to the process's stdout (file descriptor
-    1) whatever the callback does; the caller prints the answer itself."""
+def _native_output_to_null() -> Iterator[None]:
+    """The C++ runner prints each piece to the process's stdout (file descriptor 1) whatever the
+    callback does, and logs to stderr (2); the caller prints the answer itself. Kept when
+    dualexport logs at INFO (the CLI's ``-v``)."""
+    from ..._quiet import verbose
+
+    if verbose():
+        yield
+        return
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(null, 1)
+        os.dup2(null, 2)
         yield
     finally:
-        os.dup2(saved, 1)
-        os.close(null)
-        os.close(saved)
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (null, *saved):
+            os.close(fd)
 
 
 def run_text_llm_runner(folder: pathlib.Path, prompt: str, max_new_tokens: int) -> RunnerAnswer:
     """Greedy generation by ExecuTorch's ``TextLLMRunner`` over ``folder``'s .pte (and .ptd)."""
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
     pte = _folder_file(folder, ".pte", "ExecuTorch")
     data = pte.with_suffix(".ptd")
     try:
-        runner = TextLLMRunner(str(pte), str(_tokenizer_file(folder)), str(data) if data.is_file() else None)
+        tokenizer = str(_tokenizer_file(folder))
+        with _native_output_to_null():  # the import and the load log natively too
+            from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+            runner = TextLLMRunner(str(pte), tokenizer, str(data) if data.is_file() else None)
     except Exception as exc:
         raise RuntimeLoadError(
             f"TextLLMRunner could not load {pte.name}: {exc}",
@@ -101,7 +112,7 @@ def run_text_llm_runner(folder: pathlib.Path, prompt: str, max_new_tokens: int) 
     )
     start = time.perf_counter()
     try:
-        with _native_stdout_to_null():
+        with _native_output_to_null():
             runner.generate(prompt, config, pieces.append, stats.append)
     except UnicodeDecodeError as exc:
         raise RuntimeExecutionError(
@@ -115,9 +126,21 @@ def run_text_llm_runner(folder: pathlib.Path, prompt: str, max_new_tokens: int) 
         raise RuntimeExecutionError(f"TextLLMRunner failed: {exc}", target="xnnpack") from exc
     seconds = time.perf_counter() - start
     first, decode, prompt_tokens = _stats(stats[-1] if stats else None, seconds, len(pieces))
-    return RunnerAnswer(
-        "xnnpack", "".join(pieces), tuple(pieces), None, prompt_tokens, seconds, first, decode
-    )
+    specials = _special_tokens(folder)
+    text = "".join(p for p in pieces if p not in specials)  # as onnxruntime-genai decodes: no EOS text
+    return RunnerAnswer("xnnpack", text, tuple(pieces), None, prompt_tokens, seconds, first, decode)
+
+
+def _special_tokens(folder: pathlib.Path) -> set[str]:
+    """The special tokens' texts of the folder's tokenizer.json (the runner's callback hands the
+    end-of-sequence token's text like any other piece)."""
+    import json
+
+    try:
+        data = json.loads((folder / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    return {t["content"] for t in data.get("added_tokens", []) if t.get("special")}
 
 
 def _stats(stats: object, seconds: float, new: int) -> tuple[float, float, int]:
