@@ -342,7 +342,13 @@ class XnnpackExporter:
         sig = lowered.graph_signature
         mutated = set(sig.buffers_to_mutate.values())
         patterns = [ph for ph, buf in sig.inputs_to_buffers.items() if buf in mutated]
-        config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(patterns)] if patterns else [])
+        # A buffer updated at a few positions (a KV cache's rows) is written in place: ExecuTorch's
+        # reinplace pass turns the functional index_put into index_put_ on the buffer, where it
+        # would otherwise copy the whole buffer out and back every call.
+        config = ExecutorchBackendConfig(
+            passes=[InitializedMutableBufferPass(patterns)] if patterns else [],
+            run_reinplace_pass=bool(patterns),
+        )
         try:
             et = edge.to_executorch(config)
         except Exception as exc:

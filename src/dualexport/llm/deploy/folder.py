@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: dualexport's own files inside a deploy folder (not shipped).
 CACHE_FOLDER = ".dualexport"
+#: Weights (bytes) from which the runner .pte keeps its XNNPACK weights in a ``.ptd`` beside it.
+PTE_DATA_FILE_ABOVE = 2 << 30
 #: The key each deploy file's failure is reported under in ``ExportResult.errors``.
 RUNNER_TARGETS = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
 
@@ -164,6 +166,11 @@ def _runner_pte(
         layout, cache="buffers", inputs=("input_ids", "cache_position"), outputs=("logits",)
     )
     opts = _with_layout(options, record)
+    if opts.xnnpack_external_data is None:
+        # one file, as ExecuTorch's own LLM export writes and TextLLMRunner(pte, tokenizer) takes;
+        # a data file (passed as the runner's data_path) only past what one file should carry
+        weights = sum(t.numel() * t.element_size() for t in res.program.state_dict.values())
+        opts = dataclasses.replace(opts, xnnpack_external_data=weights >= PTE_DATA_FILE_ABOVE)
     lowered = lower_runner_pte(
         res.program.exported_program, layout, staging, name, opts, runner_methods(layout, bos, eos)
     )
