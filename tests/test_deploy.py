@@ -235,3 +235,40 @@ def test_a_runner_pte_that_drops_a_cache_write_is_refused(
     err = folder.errors.get("xnnpack:runner")
     assert isinstance(err, ProofMismatchError) and "decode step 1" in err.message, folder.errors
     assert not (tmp_path / "model.pte").exists()
+
+
+def test_a_hub_id_loads_from_the_local_cache_with_its_tokenizer(
+    deployed: Deployed, tmp_path: pathlib.Path
+) -> None:
+    """A model as users name it on the Hub (``org/name``), offline: read from the local Hugging
+    Face cache (laid out here as the Hub client lays it out), the tokenizer with it."""
+    import subprocess
+    import sys
+
+    snapshot = tmp_path / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / "0123abc"
+    deployed.model.save_pretrained(snapshot)
+    deployed.tokenizer.save_pretrained(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abc")
+    code = (
+        "from dualexport.llm import load_decoder\n"
+        "from dualexport.llm.deploy.tokenizer import resolve_tokenizer\n"
+        "m = load_decoder('tiny-org/tiny-llama')\n"
+        "t = resolve_tokenizer(None, 'tiny-org/tiny-llama', m)\n"
+        "print(type(m).__name__, len(t), sum(p.numel() for p in m.parameters()))\n"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    params = sum(p.numel() for p in deployed.model.parameters())
+    assert out.stdout.split()[-3:] == ["LlamaForCausalLM", str(len(deployed.tokenizer)), str(params)], (
+        out.stdout
+    )
+    missing = subprocess.run(
+        [sys.executable, "-c", "from dualexport.llm import load_decoder; load_decoder('tiny-org/absent')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode != 0 and "offline" in missing.stderr and "InputError" in missing.stderr

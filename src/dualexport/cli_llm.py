@@ -43,8 +43,12 @@ def _tokenizer_source(ns: argparse.Namespace) -> Any:
     the tokenizer's files); None otherwise (a config .json, MODULE:ATTR)."""
     import pathlib
 
+    from .llm.loading import is_hub_id
+
     if ns.tokenizer:
         return ns.tokenizer
+    if is_hub_id(ns.model):
+        return ns.model
     path = pathlib.Path(ns.model)
     if path.suffix == ".gguf" and path.is_file():
         return path
@@ -187,7 +191,8 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
     )
     e.add_argument(
         "model",
-        help="a transformers config .json (random seeded weights), a local model folder, or MODULE:ATTR",
+        help="a transformers config .json (random seeded weights), a local model folder, a .gguf file, "
+        "a Hugging Face Hub id (org/name; from the local cache when offline), or MODULE:ATTR",
     )
     e.add_argument("--max-seq-len", type=int, required=True, help="positions the cache holds (prompt + new)")
     e.add_argument("--out", default="dualexport_out", help="output folder")

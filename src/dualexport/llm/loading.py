@@ -1,15 +1,17 @@
 """A decoder from text: a transformers config ``.json`` (random, seeded weights), a local model
 folder (its weights if it has them, else random from its ``config.json``), a GGUF file (llama.cpp's
-format: transformers dequantizes its weights to float32; needs the ``gguf`` package), or
-``MODULE:ATTR``.
+format: transformers dequantizes its weights to float32; needs the ``gguf`` package), a Hugging
+Face Hub id (``org/name``: ``from_pretrained``, from the local cache when the Hub is not reachable
+or ``HF_HUB_OFFLINE=1``), or ``MODULE:ATTR``.
 
-Nothing is downloaded: configs and folders are read with ``local_files_only``.
+Configs and folders are read with ``local_files_only``; only a Hub id may download.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 from typing import Any
 
 import torch
@@ -18,7 +20,7 @@ from torch import nn
 from ..errors import InputError
 from ..loading import allow_torchvision, load_model
 
-__all__ = ["load_decoder"]
+__all__ = ["load_decoder", "is_hub_id"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -89,6 +91,34 @@ def _from_gguf(path: pathlib.Path, attention: str | None) -> nn.Module:
         ) from exc
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(ref: str | os.PathLike[str]) -> bool:
+    """Whether ``ref`` reads as a Hub id (``org/name``) and names no local path."""
+    text = str(ref)
+    return (
+        bool(_HUB_ID.match(text))
+        and not pathlib.Path(text).exists()
+        and not text.endswith((".json", ".gguf"))
+    )
+
+
+def _from_hub(ref: str, attention: str | None) -> nn.Module:
+    tf = _transformers()
+    try:
+        return tf.AutoModelForCausalLM.from_pretrained(ref, **_attention_kwargs(attention)).eval()
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        raise InputError(
+            f"cannot load {ref!r} from the Hugging Face Hub"
+            + (" (offline: HF_HUB_OFFLINE is set, so only the local cache is read)" if offline else "")
+            + f": {type(exc).__name__}: {exc}",
+            hint="download it where the Hub is reachable (huggingface-cli download), or pass a local "
+            "model folder or .gguf file",
+        ) from exc
+
+
 def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0, attention: str | None = None) -> nn.Module:
     """The decoder ``ref`` names (see the module docstring); random weights are seeded by ``seed``.
     ``attention`` ("sdpa", "eager") is the implementation the reference model runs with; None
@@ -115,6 +145,8 @@ def load_decoder(ref: str | os.PathLike[str], *, seed: int = 0, attention: str |
         if not path.is_file():
             raise InputError(f"{path} does not exist", hint="pass the path of a transformers config.json")
         return _from_config(path, seed, attention)
+    if is_hub_id(ref):
+        return _from_hub(str(ref), attention)
     if attention is not None:
         raise InputError(
             f"attention={attention!r} was given for {ref}, a module of your own",

@@ -74,8 +74,12 @@ def resolve_tokenizer(tokenizer: Any, source: str | os.PathLike[str] | None, mod
 
 
 def _load(path: pathlib.Path, explicit: bool) -> Any:
+    from ..loading import is_hub_id
+
     tf = _transformers()
     try:
+        if is_hub_id(path):
+            return tf.AutoTokenizer.from_pretrained(str(path))
         if path.suffix == ".gguf" and path.is_file():
             return tf.AutoTokenizer.from_pretrained(
                 str(path.parent), gguf_file=path.name, local_files_only=True
