@@ -187,7 +187,7 @@ def test_a_retrained_quantized_decoder_ships_its_new_codes(exports: Any, tmp_pat
     with torch.no_grad():  # one "training step": every parameter moves
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    res = dx.export_llm(model, max_seq_len=T, out_dir=out, name=q.arch, quantize=q.scheme)
+    res = dx.export_llm(model, max_seq_len=T, out_dir=out, name=q.arch, quantize=q.scheme, deploy=False)
     assert res.ok, dict(res.errors)
     for target, art in res.artifacts.items():
         assert isinstance(art.outcome, (dx.Lowered, dx.Patched)), (target, art.outcome)
@@ -579,7 +579,7 @@ def test_int4_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.Path) 
     head is not), one XNNPACK delegate, and greedy generation on both files matching the
     quantized program."""
     model = make_model("llama")
-    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4", deploy=False)
     assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
     res.verify_weights()
     offsets = [e for e in res.manifest.entries if e.name.endswith("int4_offsets")]

@@ -76,22 +76,44 @@ def write_deploy_folder(
     """Make, prove and commit the deploy files of ``res`` (an ``export_llm`` result whose files
     are in ``out_dir/.dualexport``) into ``out_dir``. A target whose explicit file failed gets no
     deploy file; a deploy file that fails is reported, not published."""
+    from ...outputs.commit import recover
+    from ...outputs.lock import export_lock
+    from .tokenizer import special_ids
+
+    bos, eos, pad = special_ids(tokenizer, model)
+    cache = out_dir / CACHE_FOLDER
+    cache.mkdir(parents=True, exist_ok=True)
+    with export_lock(cache, f"{name}.deploy"):
+        # a killed run's half-done commit is finished, its staging folders go (the lock of the
+        # export's own folder, .dualexport, does that for .dualexport only)
+        recover(out_dir, name)
+        return _write(res, layout, out_dir, name, model, tokenizer, options, bos, eos, pad)
+
+
+def _write(
+    res: Any,
+    layout: LlmLayout,
+    out_dir: pathlib.Path,
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    options: Any,
+    bos: Any,
+    eos: Any,
+    pad: Any,
+) -> DeployFolder:
     import time
 
     from ...outputs.atomic import staging_dir
     from ...outputs.commit import ArtifactSet
-    from ...outputs.lock import export_lock
-    from .tokenizer import save_tokenizer, special_ids
+    from .tokenizer import save_tokenizer
 
-    bos, eos, pad = special_ids(tokenizer, model)
     errors: dict[str, DualExportError] = {}
     skipped: dict[str, str] = {}
     proofs: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     roles: dict[str, Any] = {}
-    cache = out_dir / CACHE_FOLDER
-    cache.mkdir(parents=True, exist_ok=True)
-    with export_lock(cache, f"{name}.deploy"), staging_dir(out_dir) as staging:
+    with staging_dir(out_dir) as staging:
         for target in ("xnnpack", "onnx"):
             if target not in res.artifacts:
                 if target not in res.errors:
@@ -108,9 +130,10 @@ def write_deploy_folder(
                         skipped[target] = "the decoder needs the whole-cache program (see the log)"
                     else:
                         roles["onnx"], roles["genai_config"], proofs[target] = made
-            except DualExportError as exc:
-                logger.warning("the %s deploy file was not published: %s", target, exc.message)
-                errors[RUNNER_TARGETS[target]] = exc
+            except Exception as exc:  # one runner file failing leaves the other and the explicit files
+                error = exc if isinstance(exc, DualExportError) else _internal(target, exc)
+                logger.warning("the %s deploy file was not published: %s", target, error.message)
+                errors[RUNNER_TARGETS[target]] = error
                 _remove_staged(staging, name, target)
             seconds[RUNNER_TARGETS[target]] = time.perf_counter() - start
         tokenizer_files: tuple[pathlib.Path, ...] = ()
@@ -134,6 +157,18 @@ def write_deploy_folder(
         skipped=skipped,
         seconds=seconds,
     )
+
+
+def _internal(target: str, exc: BaseException) -> DualExportError:
+    from ...errors import InternalError
+
+    error = InternalError(
+        f"making the {target} runner file failed: {type(exc).__name__}: {exc}",
+        hint="a bug in dualexport: report it with the model; the explicit-cache files in "
+        ".dualexport are unaffected",
+    )
+    error.__cause__ = exc
+    return error
 
 
 def _remove_staged(staging: pathlib.Path, name: str, target: str) -> None:
