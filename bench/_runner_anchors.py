@@ -96,13 +96,12 @@ def _torchtune_stand_in() -> None:
         import torchtune.training  # noqa: F401
 
         return
-    except Exception:  # noqa: S110 - ModuleNotFoundError, or torchtune's own import failing
+    except Exception:  # ModuleNotFoundError, or torchtune's own import failing
         pass
 
     import torch
-    from safetensors.torch import load_file
-
     from executorch.examples.models.checkpoint import get_mapped_key
+    from safetensors.torch import load_file
 
     from_hf = {  # torchtune/models/convert_weights.py, _FROM_HF
         "model.embed_tokens.weight": "tok_embeddings.weight",
@@ -167,6 +166,8 @@ def convert_checkpoint(hf: pathlib.Path, out: pathlib.Path) -> dict[str, Any]:
     ckpt, params = out / "smollm2_meta.pth", out / "params.json"
     note = "examples/models/smollm2/convert_weights.convert_weights(HF, OUT)"
     if ckpt.is_file() and params.is_file():
+        if (out / "converter.txt").is_file():
+            note = (out / "converter.txt").read_text().strip()
         return {"checkpoint": str(ckpt), "params": str(params), "converter": note, "cached": True}
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads((hf / "config.json").read_text())
@@ -189,11 +190,14 @@ def convert_checkpoint(hf: pathlib.Path, out: pathlib.Path) -> dict[str, Any]:
 
     tmp = ckpt.with_suffix(".tmp")
     convert_weights(str(hf), str(tmp))
+    (out / "converter.txt").write_text(note + "\n")
     tmp.rename(ckpt)
     return {"checkpoint": str(ckpt), "params": str(params), "converter": note, "params_json": p}
 
 
-def executorch_anchor(hf: pathlib.Path, out: pathlib.Path, precision: str, max_seq_len: int) -> dict[str, Any]:
+def executorch_anchor(
+    hf: pathlib.Path, out: pathlib.Path, precision: str, max_seq_len: int
+) -> dict[str, Any]:
     """ExecuTorch's LLM exporter's .pte for the HF folder (fp32, or 8da4w in groups of 32)."""
     conv = convert_checkpoint(hf, out.parent / "et_checkpoint")
     tok = json.loads((hf / "tokenizer_config.json").read_text())

@@ -128,7 +128,11 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
             # the deploy folder of the default run's llama is test_deploy.py's; the other architectures
             # prove theirs here (sliding windows, soft caps, learned positions in the runner files)
             res = dx.export_llm(
-                model, max_seq_len=T, out_dir=tmp_path_factory.mktemp(arch), name=arch, deploy=arch not in FAST
+                model,
+                max_seq_len=T,
+                out_dir=tmp_path_factory.mktemp(arch),
+                name=arch,
+                deploy=arch not in FAST,
             )
             assert res.ok, dict(res.errors)
             report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
@@ -582,7 +586,10 @@ def test_users_own_decoder_module(target: str, tmp_path: pathlib.Path) -> None:
     empty slots at the new positions), and the file says so."""
     torch.manual_seed(3)
     model = UserDecoder().eval()
-    res = dx.export_llm(model, max_seq_len=24, out_dir=tmp_path, name="user", target=target, deploy=False)
+    # the slow case also makes the runner .pte of a whole-cache (dense) program
+    res = dx.export_llm(
+        model, max_seq_len=24, out_dir=tmp_path, name="user", target=target, deploy=target == "xnnpack"
+    )
     assert res.ok, dict(res.errors)
     layout = read_layout(res.artifacts[target].path)
     assert (layout.layers, layout.kv_heads, layout.head_dim, layout.vocab) == (2, 2, 16, 96)
@@ -591,6 +598,8 @@ def test_users_own_decoder_module(target: str, tmp_path: pathlib.Path) -> None:
         want = user_greedy(model, prompt, 6)
         assert len(set(want[len(prompt) :])) >= 3
         assert dx.generate(res.artifacts[target].path, prompt, max_new_tokens=6).tolist() == [want]
+        if res.deploy is not None:  # the runner .pte, its whole cache in buffers
+            assert dx.generate(res.deploy.pte, prompt, max_new_tokens=6).tolist() == [want]
     res.verify_weights()
 
 
@@ -678,7 +687,7 @@ def test_a_decoder_that_sizes_its_own_mask_by_the_past_exports(
     )
     torch.manual_seed(0)
     model = transformers.BioGptForCausalLM(config).eval()
-    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, name="biogpt")
+    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path, name="biogpt", deploy=False)
     assert res.ok, dict(res.errors)
     assert "retrying with one" in caplog.text  # the fallback ran (the plain trace fails)
     d = res.artifacts["xnnpack"].delegation

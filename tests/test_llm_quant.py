@@ -515,7 +515,8 @@ def test_accuracy_level_4_runs_float_activations_into_matmulnbits(tmp_path: path
     assert "float activations" in proof.against and "accuracy level 4" in proof.against
     assert a_doubled_scale_fails_the_proof(res, tmp_path)
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
-    assert report.tolerances == {"onnx": KERNEL_QUANTIZED_TOLERANCE}
+    # the deploy folder's onnxruntime-genai file is the same graph, its MatMulNBits baked at level 4
+    assert report.tolerances == {"onnx": KERNEL_QUANTIZED_TOLERANCE, "onnx:genai": KERNEL_QUANTIZED_TOLERANCE}
     assert report.ok, report.to_markdown()
     worst = max(p.teacher_forced["onnx"].max_abs for p in report.prompts)
     assert 0 < worst <= KERNEL_QUANTIZED_TOLERANCE.max_abs  # other numerics, within the bound
@@ -579,7 +580,9 @@ def test_int4_exports_both_files_proven_in_one_delegate(tmp_path: pathlib.Path) 
     head is not), one XNNPACK delegate, and greedy generation on both files matching the
     quantized program."""
     model = make_model("llama")
-    res = dx.export_llm(model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4", deploy=False)
+    res = dx.export_llm(
+        model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4", deploy=False
+    )
     assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
     res.verify_weights()
     offsets = [e for e in res.manifest.entries if e.name.endswith("int4_offsets")]
