@@ -103,7 +103,6 @@ def _stdout_to_devnull() -> Iterator[None]:
 
 STATS = (
     "inference_start_ms",
-    "token_encode_end_ms",
     "prompt_eval_end_ms",
     "first_token_ms",
     "inference_end_ms",
@@ -272,14 +271,16 @@ def _files(ns: argparse.Namespace, notes: list[str]) -> tuple[list[dict[str, Any
     files: list[dict[str, Any]] = []
     for precision in precisions:
         folder = ours[precision]
-        if "ExecuTorch" in runners:
-            if (folder / "model.pte").is_file() and (folder / "tokenizer.json").is_file():
-                spec = {"pte": str(folder / "model.pte"), "tokenizer": str(folder / "tokenizer.json")}
-                if (folder / "model.ptd").is_file():
-                    spec["data"] = str(folder / "model.ptd")
-                files.append({"runner": "ExecuTorch", "precision": precision, "file": "ours", "spec": spec})
-            else:
-                notes.append(f"ExecuTorch {precision}: {folder} lacks model.pte or tokenizer.json: skipped")
+        # a runner whose file of ours is missing is skipped, its anchor with it (nothing to compare)
+        if "ExecuTorch" in runners and not all(
+            (folder / n).is_file() for n in ("model.pte", "tokenizer.json")
+        ):
+            notes.append(f"ExecuTorch {precision}: {folder} lacks model.pte or tokenizer.json: skipped")
+        elif "ExecuTorch" in runners:
+            spec = {"pte": str(folder / "model.pte"), "tokenizer": str(folder / "tokenizer.json")}
+            if (folder / "model.ptd").is_file():
+                spec["data"] = str(folder / "model.ptd")
+            files.append({"runner": "ExecuTorch", "precision": precision, "file": "ours", "spec": spec})
             t = time.perf_counter()
             row = anchors.executorch_anchor(hf, out / f"et_{precision}", precision, ns.max_seq_len)
             made[f"ExecuTorch {precision}"] = row
@@ -290,13 +291,11 @@ def _files(ns: argparse.Namespace, notes: list[str]) -> tuple[list[dict[str, Any
             else:
                 spec = {"pte": row["pte"], "tokenizer": str(hf / "tokenizer.json")}
                 files.append({"runner": "ExecuTorch", "precision": precision, "file": "anchor", "spec": spec})
-        if "ORT" in runners:
-            if (folder / "genai_config.json").is_file() and (folder / "model.onnx").is_file():
-                files.append(
-                    {"runner": "ORT", "precision": precision, "file": "ours", "spec": {"folder": str(folder)}}
-                )
-            else:
-                notes.append(f"ORT {precision}: {folder} lacks model.onnx or genai_config.json: skipped")
+        if "ORT" in runners and not all((folder / n).is_file() for n in ("model.onnx", "genai_config.json")):
+            notes.append(f"ORT {precision}: {folder} lacks model.onnx or genai_config.json: skipped")
+        elif "ORT" in runners:
+            spec = {"folder": str(folder)}
+            files.append({"runner": "ORT", "precision": precision, "file": "ours", "spec": spec})
             t = time.perf_counter()
             try:
                 row = anchors.genai_anchor(hf, out / f"genai_{precision}", precision)
