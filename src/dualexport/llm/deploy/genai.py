@@ -137,9 +137,10 @@ def genai_onnx(source: pathlib.Path, dest: pathlib.Path, layout: LlmLayout) -> t
         concat = _layer_concat(value)
         if concat is None:  # not found as such: the concatenation of past and new rows, written
             concat = _concat_rows(ir, np, graph, value, new_rows[i // layers], i % layers)
-        out = ir.Value(name=presents[i], type=value.type)
-        graph.append(ir.node("Identity", [concat], outputs=[out]))
-        graph.outputs.append(out)
+        # the attention's own concatenation is the present, by name: no Identity (a copy of the
+        # whole past per layer and step)
+        concat.name = presents[i]
+        graph.outputs.append(concat)
     for value, name in zip(graph.outputs[:3], ("logits", "new_k", "new_v"), strict=True):
         value.name = name
     record = genai_layout(layout)
