@@ -153,7 +153,11 @@ def test_greedy_tokens_identical_to_transformers_generate(llm: Exported) -> None
     for a short and a long prompt; the tokens are not one repeated id."""
     report = llm.report
     assert report.reference == "transformers.generate"
-    assert set(report.runtimes) == {"eager", "onnx", "xnnpack"}
+    runners = {"xnnpack:runner", "onnx:genai"} if llm.res.deploy is not None else set()
+    if llm.res.deploy is not None and llm.res.deploy.onnx is None:  # a whole-cache program
+        runners.discard("onnx:genai")
+    # the slow architectures export deploy folders: their runner files generate the same tokens
+    assert set(report.runtimes) == {"eager", "onnx", "xnnpack"} | runners
     assert len(report.prompts) == 2
     new_ids: set[int] = set()
     for p in report.prompts:
