@@ -637,10 +637,12 @@ def test_cli_export_llm_from_a_config_file(
     config = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tiny_llama.json"
     code = main(["export-llm", str(config), "--max-seq-len", "16", "--out", str(out), "--compare"])
     assert code == 0, capsys.readouterr().out
-    assert {"model.onnx", "model.pte", "model.weights.json", "model.generation.json"} <= {
-        p.name for p in out.iterdir()
-    }
-    assert json.loads((out / "model.generation.json").read_text())["ok"] is True
+    # the runner files at the top (a config file has no tokenizer: none ships), dualexport's own
+    # files (the weight manifest, the parity report) in .dualexport
+    assert {"model.onnx", "model.pte", "genai_config.json"} <= {p.name for p in out.iterdir()}
+    own = out / ".dualexport"
+    assert {"model.weights.json", "model.generation.json"} <= {p.name for p in own.iterdir()}
+    assert json.loads((own / "model.generation.json").read_text())["ok"] is True
     capsys.readouterr()
     assert main(["generate", str(out / "model.pte"), "--ids", "1,2,3", "-n", "5"]) == 0
     assert "new:" in capsys.readouterr().out

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.export import ExportedProgram
 
+from ...compat.torch import backed_size_oblivious
 from ...errors import XnnpackLoweringError
 from ..layout import LlmLayout
 
@@ -95,11 +96,42 @@ def runner_program(program: ExportedProgram, layout: LlmLayout) -> ExportedProgr
     seq = torch.export.Dim("seq", min=1, max=layout.max_prompt)
     n = min(4, layout.max_prompt)
     args = (torch.zeros(1, n, dtype=torch.long), torch.arange(n, dtype=torch.long))
-    with torch.no_grad():
+    # The program's own ops are traced again: a size question its kernels ask (the experts of a
+    # mixture sort tokens into groups: min(256 + 8 S, 512 + 16 S)) must not become a guard that
+    # narrows S; the shared program already holds for the whole range.
+    with torch.no_grad(), backed_size_oblivious():
         captured = torch.export.export(
-            wrapper, args, dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}}, strict=False
+            wrapper,
+            args,
+            dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}},
+            strict=False,
+            prefer_deferred_runtime_asserts_over_guards=True,
         )
+    _drop_runtime_asserts(captured)
     return captured
+
+
+def _drop_runtime_asserts(program: ExportedProgram) -> None:
+    """Remove the runtime asserts the capture deferred (and the size arithmetic only they read):
+    each restates a fact of the shared program's own range, which its proof covers, and
+    ExecuTorch's edge verifier refuses the symbolic ops they are made of."""
+    for node in program.graph.nodes:  # the program's shape env: decompositions re-insert its asserts
+        val = node.meta.get("val")
+        env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
+        if env is not None:
+            env.deferred_runtime_asserts.clear()
+            break
+    graph = program.graph
+    asserts = [
+        n
+        for n in graph.nodes
+        if n.op == "call_function" and n.target is torch.ops.aten._assert_scalar.default
+    ]
+    for node in asserts:
+        graph.erase_node(node)
+    if asserts:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
 
 
 def _check_mutations(decomposed: ExportedProgram, layout: LlmLayout) -> None:
