@@ -192,10 +192,8 @@ def _quantized(res: Any) -> bool:
 def _runner_pte(
     res: Any, layout: LlmLayout, staging: pathlib.Path, name: str, options: Any, bos: Any, eos: Any
 ) -> tuple[pathlib.Path, Any]:
-    from ...runtimes import open_runner
-    from ..session import DecoderSession
     from .executorch import lower_runner_pte, runner_methods
-    from .proof import ProgramRunner, prove_deploy_file
+    from .proof import prove_deploy_file
 
     record = dataclasses.replace(
         layout, cache="buffers", inputs=("input_ids", "cache_position"), outputs=("logits",)
@@ -211,23 +209,39 @@ def _runner_pte(
     )
     path = lowered.files[0]
     quantized = _quantized(res)
-    if quantized:
-        explicit = res.artifacts["xnnpack"].path
-        t = layout.max_seq_len
-
-        def reference() -> Any:
-            runner = open_runner("xnnpack", explicit, isolated=False)
-            return DecoderSession(runner, layout, explicit.name, past_slots=lambda _: t)
-
-        against = f"the proven {explicit.name} fed all {t} cache slots"
-    else:
-
-        def reference() -> Any:
-            return DecoderSession(ProgramRunner(res.program.exported_program), layout, "the shared program")
-
-        against = "the shared program"
+    reference, against = _reference(res, layout, "xnnpack", quantized)
     proof = prove_deploy_file(path, "xnnpack", reference, against, layout, quantized)
     return path, proof
+
+
+def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tuple[Any, str]:
+    """What a runner file is held to (proof.py's docstring), as a maker of sessions and its
+    label: the shared program for a float program; for a quantized one the proven explicit
+    file of ``target`` fed the past the runner file is fed (all ``T`` slots for the .pte, the
+    tokens seen for the genai .onnx: a size below the explicit file's declared past range, which
+    its graph takes as it is)."""
+    from ...runtimes import open_runner
+    from ..session import DecoderSession
+    from .proof import ProgramRunner
+
+    if not quantized:
+
+        def program() -> Any:
+            return DecoderSession(ProgramRunner(res.program.exported_program), layout, "the shared program")
+
+        return program, "the shared program"
+    explicit = res.artifacts[target].path
+    t = layout.max_seq_len
+    slots = (lambda _: t) if target == "xnnpack" else (lambda p: p)
+
+    def proven() -> Any:
+        runner = open_runner(target, explicit, isolated=False)
+        if target == "onnx":
+            runner.input_specs = None  # type: ignore[attr-defined]
+        return DecoderSession(runner, layout, explicit.name, past_slots=slots)
+
+    fed = f"all {t} cache slots" if target == "xnnpack" else "the past of the tokens seen"
+    return proven, f"the proven {explicit.name} fed {fed}"
 
 
 def _genai(
@@ -240,10 +254,8 @@ def _genai(
     eos: Any,
     pad: Any,
 ) -> tuple[pathlib.Path, pathlib.Path, Any] | None:
-    from ...runtimes import open_runner
-    from ..session import DecoderSession
     from .genai import GENAI_CONFIG, bake_session_config, genai_config, genai_onnx, write_config
-    from .proof import ProgramRunner, prove_deploy_file
+    from .proof import prove_deploy_file
 
     if layout.cache != "rows":
         logger.warning(
@@ -265,22 +277,7 @@ def _genai(
             shutil.rmtree(aside, ignore_errors=True)
     else:
         genai_onnx(explicit, path, layout)
-    if quantized:
-
-        def reference() -> Any:
-            runner = open_runner("onnx", explicit, isolated=False)
-            # fed the past of the tokens seen, as the genai file is: a size below the range the
-            # explicit file declares (from past_step), which its graph takes as it is
-            runner.input_specs = None  # type: ignore[attr-defined]
-            return DecoderSession(runner, layout, explicit.name, past_slots=lambda p: p)
-
-        against = f"the proven {explicit.name} fed the past of the tokens seen"
-    else:
-
-        def reference() -> Any:
-            return DecoderSession(ProgramRunner(res.program.exported_program), layout, "the shared program")
-
-        against = "the shared program"
+    reference, against = _reference(res, layout, "onnx", quantized)
     proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
     config = genai_config(
         layout,
