@@ -75,10 +75,10 @@ class Generation:
 class DecoderSession:
     """One file, loaded once, with its cache: ``step(ids)`` runs the program on the next tokens and
     returns their logits ``[len(ids), vocab]``; ``reset()`` empties the cache. The cache is the
-    program's input, and its output is either the whole updated cache or (``"rows"``,
-    ``"genai"``) the new rows, written here in place; a ``"genai"`` file is fed the past of the
-    tokens seen, as onnxruntime-genai feeds it. A ``"buffers"`` file (the .pte of a deploy
-    folder) keeps its cache inside: ``reopen`` loads it again to empty it."""
+    program's input, and its output is either the whole updated cache or (``"rows"``) the new
+    rows, written here in place. The files of a deploy folder: a ``"genai"`` .onnx is driven as
+    onnxruntime-genai drives it (``_genai_step``); a ``"buffers"`` .pte keeps its cache inside,
+    and ``reopen`` loads it again to empty it."""
 
     def __init__(
         self,
@@ -167,18 +167,16 @@ class DecoderSession:
             logits = self.runner.run([tokens, position])[0]
             self.position += n
             return logits[0]
-        if kind == "genai" and self.past_slots is None:
+        if kind == "genai":
             logits = self._genai_step(tokens, position)
             self.position += n
             return logits[0]
-        slots = {"rows": self.layout.past_length(self.position), "genai": self.position}.get(kind, t)
+        slots = self.layout.past_length(self.position) if kind == "rows" else t
         if self.past_slots is not None:
             slots = self.past_slots(self.position)
         past = self.layout.past_args(self.past_k, self.past_v, slots)
-        if kind == "genai":
-            position = position.unsqueeze(0)
-        logits, k, v = self.runner.run([tokens, position, *past])[:3]
-        if kind in ("rows", "genai"):  # the new rows, written here at their positions
+        logits, k, v = self.runner.run([tokens, position, *past])
+        if kind == "rows":  # the new rows, written here at their positions
             self.past_k[:, :, :, self.position : self.position + n] = k
             self.past_v[:, :, :, self.position : self.position + n] = v
         else:
