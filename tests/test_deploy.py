@@ -272,3 +272,14 @@ def test_a_hub_id_loads_from_the_local_cache_with_its_tokenizer(
         timeout=300,
     )
     assert missing.returncode != 0 and "offline" in missing.stderr and "InputError" in missing.stderr
+
+
+def test_a_wrong_tokenizer_is_refused_before_the_export(deployed: Deployed, tmp_path: pathlib.Path) -> None:
+    from dualexport.errors import InputError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="holds no tokenizer"):
+        dx.export_llm(deployed.model, max_seq_len=T, out_dir=tmp_path / "out", tokenizer=tmp_path / "empty")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match="transformers tokenizer or a path"):
+        dx.export_llm(deployed.model, max_seq_len=T, out_dir=tmp_path / "out", tokenizer=42)

@@ -96,6 +96,11 @@ def export_llm(
         source = model if isinstance(model, (str, os.PathLike)) else None
         resolved, label = _resolve_model(model)
         folder = pathlib.Path(out_dir)
+        tok = None
+        if deploy:  # a tokenizer given wrongly is refused before the export, not after
+            from .deploy.tokenizer import resolve_tokenizer
+
+            tok = resolve_tokenizer(tokenizer, source, resolved)
         res = _export_llm(
             resolved,
             label,
@@ -110,13 +115,12 @@ def export_llm(
         )
         if not deploy:
             return res
-        return _with_deploy_folder(res, resolved, source, tokenizer, folder, name, options, quantize)
+        return _with_deploy_folder(res, resolved, tok, folder, name, options, quantize)
 
 
 def _with_deploy_folder(
     res: Any,
     model: nn.Module,
-    source: Any,
     tokenizer: Any,
     folder: pathlib.Path,
     name: str,
@@ -128,18 +132,16 @@ def _with_deploy_folder(
     import dataclasses
 
     from .deploy import write_deploy_folder
-    from .deploy.tokenizer import resolve_tokenizer
     from .layout import read_layout
 
     if not res.artifacts:
         return res
     first = next(iter(res.artifacts.values())).path
     layout = read_layout(first)
-    tok = resolve_tokenizer(tokenizer, source, model)
     opts = options or ExportOptions()
     if quantize is not None:
         opts = _quantized_opset(opts)
-    deployed = write_deploy_folder(res, layout, folder, name, model=model, tokenizer=tok, options=opts)
+    deployed = write_deploy_folder(res, layout, folder, name, model=model, tokenizer=tokenizer, options=opts)
     errors = {**res.errors, **deployed.errors}
     seconds = {**res.seconds, **deployed.seconds}
     return dataclasses.replace(res, deploy=deployed, errors=errors, seconds=seconds)
