@@ -61,9 +61,10 @@ def _print_deploy(out: Any, deploy: Any) -> None:
     """The deploy folder's files, each file's proof, and what was not written."""
     if deploy is None:
         return
-    keys = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
+    from .llm.deploy.folder import RUNNER_TARGETS
+
     for target, proof in deploy.proofs.items():
-        took = deploy.seconds.get(keys.get(target, target))
+        took = deploy.seconds.get(RUNNER_TARGETS.get(target, target))
         out.print(
             f"[green]{target}[/] (runner file): {proof.file}, proven against {proof.against} on "
             f"{len(proof.walks)} generation walks (worst SNR {proof.worst_snr_db:.1f} dB)"
