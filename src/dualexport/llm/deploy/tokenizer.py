@@ -40,7 +40,8 @@ def _transformers() -> Any:
 def resolve_tokenizer(tokenizer: Any, source: str | os.PathLike[str] | None, model: Any) -> Any:
     """The tokenizer to ship: ``tokenizer`` as given (a transformers tokenizer, or a folder or
     GGUF file to load one from), else the one beside the model's source (its folder, its GGUF
-    file), else the one in the folder the model was loaded from (``config._name_or_path``).
+    file), else the one in the folder the model was loaded from (``config._name_or_path``; of a
+    model loaded with ``gguf_file=`` transformers records only the folder: its one .gguf file).
     None when there is none (logged: the files are written without it)."""
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         if not callable(getattr(tokenizer, "save_pretrained", None)):
@@ -86,6 +87,9 @@ def _load(path: pathlib.Path, explicit: bool) -> Any:
             )
         if path.is_dir() and any((path / f).is_file() for f in (TOKENIZER_FILE, "tokenizer_config.json")):
             return tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        ggufs = sorted(path.glob("*.gguf")) if path.is_dir() else []
+        if len(ggufs) == 1:  # a model loaded with gguf_file= records only its folder
+            return tf.AutoTokenizer.from_pretrained(str(path), gguf_file=ggufs[0].name, local_files_only=True)
     except Exception as exc:
         if explicit:
             raise InputError(
