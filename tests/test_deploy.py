@@ -61,16 +61,10 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Deployed:
     import transformers
 
     tokenizer = trained_tokenizer()
+    from test_llm import COMMON
+
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=None,
-        eos_token_id=None,
+        **{**COMMON, "vocab_size": len(tokenizer)}, bos_token_id=None, eos_token_id=None
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()

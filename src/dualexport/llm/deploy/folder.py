@@ -78,16 +78,14 @@ def write_deploy_folder(
     deploy file; a deploy file that fails is reported, not published."""
     from ...outputs.commit import recover
     from ...outputs.lock import export_lock
-    from .tokenizer import special_ids
 
-    bos, eos, pad = special_ids(tokenizer, model)
     cache = out_dir / CACHE_FOLDER
     cache.mkdir(parents=True, exist_ok=True)
     with export_lock(cache, f"{name}.deploy"):
         # a killed run's half-done commit is finished, its staging folders go (the lock of the
         # export's own folder, .dualexport, does that for .dualexport only)
         recover(out_dir, name)
-        return _write(res, layout, out_dir, name, model, tokenizer, options, bos, eos, pad)
+        return _write(res, layout, out_dir, name, model, tokenizer, options)
 
 
 def _write(
@@ -98,15 +96,14 @@ def _write(
     model: Any,
     tokenizer: Any,
     options: Any,
-    bos: Any,
-    eos: Any,
-    pad: Any,
 ) -> DeployFolder:
     import time
 
     from ...outputs.atomic import staging_dir
     from ...outputs.commit import ArtifactSet
-    from .tokenizer import save_tokenizer
+    from .tokenizer import save_tokenizer, special_ids
+
+    bos, eos, pad = special_ids(tokenizer, model)
 
     errors: dict[str, DualExportError] = {}
     skipped: dict[str, str] = {}
