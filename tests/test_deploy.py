@@ -109,6 +109,36 @@ def test_folder_holds_what_the_runners_load(deployed: Deployed) -> None:
     assert json.loads((folder / "tokenizer_config.json").read_text())["chat_template"] == CHAT
 
 
+def test_runner_files_use_each_runtimes_own_llm_attention(deployed: Deployed) -> None:
+    """A float decoder with a causal mask: the .pte's attention is ExecuTorch's update_cache +
+    custom_sdpa on caches inside the program (said by the constant method its runner reads), the
+    .onnx's is GroupQueryAttention with onnxruntime-genai's shared past/present buffer and the
+    rotary embedding inside the op: no Softmax, MatMul by a rotation or Concat of the past left."""
+    import onnx
+
+    from dualexport.llm.deploy.executorch import FUSED_ATTENTION
+    from dualexport.llm.layout import read_layout
+    from dualexport.runtimes.executorch import uses_llm_ops
+
+    folder, deploy = deployed.folder, deployed.res.deploy
+    assert deploy.attention == {"xnnpack": FUSED_ATTENTION, "onnx": "com.microsoft::GroupQueryAttention"}
+    assert uses_llm_ops(folder / "model.pte")
+    # and, as ExecuTorch's own LLM export, only the last position's logits (what its runner reads)
+    assert (
+        read_layout(folder / "model.pte").last_logits and not read_layout(folder / "model.onnx").last_logits
+    )
+    graph = onnx.load(folder / "model.onnx", load_external_data=False).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "Softmax" not in ops and "Concat" not in ops, ops
+    gqa = next(n for n in graph.node if n.op_type == "GroupQueryAttention")
+    assert {a.name: a.i for a in gqa.attribute if a.type == onnx.AttributeProto.INT}["do_rotary"] == 1
+    assert [o.name for o in graph.output] == ["logits"] + [
+        f"present.{i}.{kv}" for kv in ("key", "value") for i in range(2)
+    ]
+    config = json.loads((folder / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+
+
 def test_text_llm_runner_answers_as_transformers(deployed: Deployed) -> None:
     """ExecuTorch's own runner over the folder's .pte: the text of each new token is the text of
     transformers' greedy token."""
@@ -212,16 +242,15 @@ def test_a_genai_file_with_layers_caches_swapped_is_refused(
 def test_a_runner_pte_that_drops_a_cache_write_is_refused(
     deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The .pte whose program forgets to write layer 1's values back: it prefills right and
+    """The .pte whose program forgets layer 1's values after each call: it prefills right and
     decodes wrong; the walks refuse it at the first decode step."""
     from dualexport.llm.deploy import executorch
 
     real = executorch.CacheInBuffers.forward
 
     def forgetful(self: Any, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        saved = self.v_cache_1.clone()
         logits = real(self, input_ids, cache_position)
-        self.v_cache_1.copy_(saved)
+        self.v_cache_1.zero_()
         return logits
 
     monkeypatch.setattr(executorch.CacheInBuffers, "forward", forgetful)
@@ -229,6 +258,41 @@ def test_a_runner_pte_that_drops_a_cache_write_is_refused(
     err = folder.errors.get("xnnpack:runner")
     assert isinstance(err, ProofMismatchError) and "decode step 1" in err.message, folder.errors
     assert not (tmp_path / "model.pte").exists()
+
+
+def test_fused_attention_slips_are_refused(
+    deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtimes' own attention ops are held to the shared program like the rest: a .pte whose
+    custom_sdpa scales the scores by 1/D instead of 1/sqrt(D), and a .onnx whose rotary tables
+    are one position late, are refused by the walks and not published."""
+    from dualexport.llm.deploy import cached_attention, genai_attention
+
+    real_attention = cached_attention.cached_attention
+
+    def squared_scale(*args: Any) -> torch.Tensor:
+        *rest, scale = args
+        return real_attention(*rest, scale * scale)
+
+    monkeypatch.setattr(cached_attention, "cached_attention", squared_scale)
+    folder = _redeploy(deployed, tmp_path / "pte", "xnnpack")
+    err = folder.errors.get("xnnpack:runner")
+    assert isinstance(err, ProofMismatchError), folder.errors
+    assert not (tmp_path / "pte" / "model.pte").exists()
+
+    real_plan = genai_attention._rotary_plan
+
+    def late(*args: Any) -> Any:
+        plan = real_plan(*args)
+        assert plan is not None
+        plan["tables"] = [t[[0, *range(len(t) - 1)]] for t in plan["tables"]]
+        return plan
+
+    monkeypatch.setattr(genai_attention, "_rotary_plan", late)
+    folder = _redeploy(deployed, tmp_path / "onnx", "onnx")
+    err = folder.errors.get("onnx:genai")
+    assert isinstance(err, ProofMismatchError), folder.errors
+    assert not (tmp_path / "onnx" / "model.onnx").exists()
 
 
 def test_a_hub_id_loads_from_the_local_cache_with_its_tokenizer(

@@ -74,7 +74,10 @@ def file_nll(path: pathlib.Path, ids: torch.Tensor) -> float:
 
     session = DecoderSession.open(path)
     session.reset()
-    logits = session.step(ids[:-1].tolist()).float()
+    if session.layout.last_logits:  # a runner .pte: one row per call, so one token per call
+        logits = torch.cat([session.step([t]) for t in ids[:-1].tolist()]).float()
+    else:
+        logits = session.step(ids[:-1].tolist()).float()
     return float(torch.nn.functional.cross_entropy(logits, ids[1:]))
 
 

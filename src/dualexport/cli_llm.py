@@ -70,6 +70,9 @@ def _print_deploy(out: Any, deploy: Any) -> None:
             f"{len(proof.walks)} generation walks (worst SNR {proof.worst_snr_db:.1f} dB)"
             + (f" ({took:.1f} s)" if took is not None else "")
         )
+        attention = deploy.attention.get(target)
+        if attention:
+            out.print(f"  attention: {attention}", markup=False)
     for target, why in deploy.skipped.items():
         out.print(f"[yellow]{target}[/]: no runner file: {why}")
     shipped = ", ".join(p.name for p in deploy.files)

@@ -27,6 +27,7 @@ __all__ = [
     "load_bundled_for_executorch",
     "load_bundled_program",
     "load_for_executorch",
+    "load_llm_ops",
     "reset_threadpool",
     "transform",
     "xnnpack_pass_types",
@@ -114,6 +115,13 @@ def load_for_executorch(path: str, data_path: str) -> Any:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
     return _load_for_executorch(path, data_path=data_path)
+
+
+def load_llm_ops() -> None:
+    """Register ExecuTorch's LLM custom ops (``llama::update_cache``, ``llama::custom_sdpa``, ...):
+    their shapes for a capture and their kernels for the runtime (the module loads their library
+    on import; it takes a few seconds, so only a program that calls them pays)."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
 
 def load_bundled_program(buffer: bytes) -> Any:

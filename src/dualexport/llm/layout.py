@@ -84,6 +84,9 @@ class LlmLayout:
     #: step reads the positions used rather than all ``max_seq_len`` slots; 0: all slots. A reader
     #: that ignores it passes all slots, which the program also takes (``P = max_seq_len``).
     past_step: int = 0
+    #: the file returns each call's last position's logits only (``[1, 1, vocab]``): ExecuTorch's
+    #: LLM runner reads no other row (``"buffers"`` files)
+    last_logits: bool = False
 
     def past_length(self, position: int) -> int:
         """How many cache slots a call at ``position`` passes (see ``past_step``)."""

@@ -196,8 +196,15 @@ class DecoderSession:
         if self.position == 0:
             dtype = getattr(torch, self.layout.dtype)
             k, v = self.layout.cache_shape(), self.layout.cache_shape(values=True)
-            empty = [torch.zeros(1, k[2], 0, k[4], dtype=dtype)] * self.layout.layers
-            empty += [torch.zeros(1, v[2], 0, v[4], dtype=dtype)] * self.layout.layers
+            search = (self.genai_config or {}).get("search", {})
+            # a shared past/present buffer holds all max_length slots from the start
+            slots = (
+                int(search.get("max_length", self.layout.max_seq_len))
+                if search.get("past_present_share_buffer")
+                else 0
+            )
+            empty = [torch.zeros(1, k[2], slots, k[4], dtype=dtype)] * self.layout.layers
+            empty += [torch.zeros(1, v[2], slots, v[4], dtype=dtype)] * self.layout.layers
             self._past = dict(zip(names.past, empty, strict=True))
         feed = {names.input_ids: tokens, names.position_ids: position.unsqueeze(0), **self._past}
         session = self.runner.session

@@ -8,12 +8,25 @@ from typing import Any
 
 import torch
 
-from ..compat.executorch import load_for_executorch
+from ..compat.executorch import load_for_executorch, load_llm_ops
 from ..errors import InputError, RuntimeExecutionError, RuntimeLoadError
 from ..outputs.paths import safe_child
 from ..shared_state.contract import DATA_FILE_METHOD, DATA_SUFFIX, RANGES_METHOD, decode_input_ranges
 
-__all__ = ["ExecuTorchRunner"]
+__all__ = ["ExecuTorchRunner", "LLM_OPS_METHOD", "uses_llm_ops"]
+
+
+#: The constant method an LLM runner .pte answers True when it calls ExecuTorch's LLM custom ops
+#: (``llama::update_cache``, ``llama::custom_sdpa``), whose kernels are then loaded first.
+LLM_OPS_METHOD = "use_sdpa_with_kv_cache"
+
+
+def uses_llm_ops(path: pathlib.Path) -> bool:
+    """Whether the .pte at ``path`` says it calls ExecuTorch's LLM custom ops."""
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(str(path))
+    return LLM_OPS_METHOD in set(program.method_names) and _constant(program, LLM_OPS_METHOD) == [1]
 
 
 def _constant(program: Any, method: str) -> list[int]:
@@ -98,6 +111,8 @@ class ExecuTorchRunner:
                 decode_input_ranges(_constant(program, RANGES_METHOD)) if RANGES_METHOD in names else None
             )
             external = DATA_FILE_METHOD in names and _constant(program, DATA_FILE_METHOD) == [1]
+            if LLM_OPS_METHOD in names and _constant(program, LLM_OPS_METHOD) == [1]:
+                load_llm_ops()  # the kernels of the program's llama:: ops
         except Exception as exc:
             raise RuntimeLoadError(
                 f"ExecuTorch could not load {path.name}: {exc}",

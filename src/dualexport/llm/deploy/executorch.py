@@ -18,6 +18,7 @@ program's, plus the reads and writes of the buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 from collections.abc import Mapping
@@ -31,9 +32,19 @@ from ...compat.torch import backed_size_oblivious
 from ...errors import XnnpackLoweringError
 from ..layout import LlmLayout
 
-__all__ = ["CacheInBuffers", "runner_program", "runner_methods", "lower_runner_pte", "RUNNER_METHODS"]
+__all__ = [
+    "CacheInBuffers",
+    "runner_program",
+    "runner_methods",
+    "lower_runner_pte",
+    "RUNNER_METHODS",
+    "FUSED_ATTENTION",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The runner .pte's attention when it is ExecuTorch's LLM ops (cached_attention.py).
+FUSED_ATTENTION = "llama::update_cache + llama::custom_sdpa"
 
 #: The constant methods ExecuTorch's text runner reads (extension/llm/runner/constants.h, 1.4.1):
 #: ``get_max_seq_len`` is required; the BOS id and the vocabulary size it takes from the
@@ -56,29 +67,62 @@ class CacheInBuffers(nn.Module):
     program's past and written at ``cache_position`` after each call (``"rows"`` programs return
     the new rows; whole-cache programs the updated cache)."""
 
-    def __init__(self, program: ExportedProgram, layout: LlmLayout) -> None:
+    def __init__(self, program: ExportedProgram, layout: LlmLayout, fuse: bool = True) -> None:
         super().__init__()
-        self.program = program.module()
+        # the fused graph takes the caches in another layout than the program's past inputs: no
+        # guards of the program's input shapes (they restate its ranges, which its proof covers)
+        module: Any = program.module(check_guards=not fuse)
+        self.program = module
         self.layers = layout.layers
         self.rows = layout.cache == "rows"
+        #: each layer's attention is ExecuTorch's update_cache + custom_sdpa on [1, T, Hkv, D]
+        #: caches (cached_attention.py); else the program's own over the whole [1, Hkv, T, D] cache
+        self.fused = False
+        self.unfused_because: list[str] = ["off"] if not fuse else []
+        if fuse and self.rows:
+            from ...compat.executorch import load_llm_ops
+            from .cached_attention import fuse_cached_attention
+
+            load_llm_ops()
+            pasts = [n.name for n in self.program.graph.nodes if n.op == "placeholder"][2:]
+            self.fused, self.unfused_because = fuse_cached_attention(module, pasts, layout.layers)
+            if not self.fused:  # a fresh copy: a fusion given up half-way leaves its copy unusable
+                module = program.module(check_guards=False)
+                self.program = module
+            module.validate_inputs = not self.fused
+        elif fuse:
+            self.unfused_because = ["the program returns the whole cache, not the new rows"]
+        if not self.fused:
+            logger.info("runner .pte: the program's own attention (%s)", "; ".join(self.unfused_because))
+        from .last_logits import last_position_logits
+
+        why_all = last_position_logits(self.program)
+        #: the logits of each call's last position only ([1, 1, V]), what ExecuTorch's runner reads
+        self.last_logits: bool = why_all is None
+        if why_all is not None:
+            logger.info("runner .pte: logits at every position (%s)", why_all)
         dtype = getattr(torch, layout.dtype)
         t = layout.max_seq_len
         for i in range(layout.layers):
-            self.register_buffer(
-                f"k_cache_{i}",
-                torch.zeros(1, layout.kv_heads, t, layout.head_dim, dtype=dtype),
-                persistent=False,
+            k_shape = (
+                (1, t, layout.kv_heads, layout.head_dim)
+                if self.fused
+                else (1, layout.kv_heads, t, layout.head_dim)
             )
-            self.register_buffer(
-                f"v_cache_{i}",
-                torch.zeros(1, layout.kv_heads, t, layout.v_head_dim, dtype=dtype),
-                persistent=False,
+            v_shape = (
+                (1, t, layout.kv_heads, layout.v_head_dim)
+                if self.fused
+                else (1, layout.kv_heads, t, layout.v_head_dim)
             )
+            self.register_buffer(f"k_cache_{i}", torch.zeros(k_shape, dtype=dtype), persistent=False)
+            self.register_buffer(f"v_cache_{i}", torch.zeros(v_shape, dtype=dtype), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         keys = [getattr(self, f"k_cache_{i}") for i in range(self.layers)]
         values = [getattr(self, f"v_cache_{i}") for i in range(self.layers)]
         logits, new_k, new_v = self.program(input_ids, cache_position, *keys, *values)
+        if self.fused:  # the attention wrote its rows
+            return logits
         for i in range(self.layers):
             if self.rows:
                 keys[i].index_copy_(2, cache_position, new_k[i])
@@ -89,10 +133,14 @@ class CacheInBuffers(nn.Module):
         return logits
 
 
-def runner_program(program: ExportedProgram, layout: LlmLayout) -> ExportedProgram:
+def runner_program(
+    program: ExportedProgram, layout: LlmLayout, fuse: bool = True
+) -> tuple[ExportedProgram, LlmLayout, str]:
     """Capture :class:`CacheInBuffers` over ``program`` with ``S`` in ``1..T-1`` (prefill and
-    decode), as the shared program declares it. Its parameters are the holder's tensors."""
-    wrapper = CacheInBuffers(program, layout)
+    decode), as the shared program declares it. Its parameters are the holder's tensors. Also
+    returns the layout the file records and its attention: ExecuTorch's LLM ops (``fuse``, where
+    they compute it) or why not."""
+    wrapper = CacheInBuffers(program, layout, fuse=fuse)
     seq = torch.export.Dim("seq", min=1, max=layout.max_prompt)
     n = min(4, layout.max_prompt)
     args = (torch.zeros(1, n, dtype=torch.long), torch.arange(n, dtype=torch.long))
@@ -108,7 +156,24 @@ def runner_program(program: ExportedProgram, layout: LlmLayout) -> ExportedProgr
             prefer_deferred_runtime_asserts_over_guards=True,
         )
     _drop_runtime_asserts(captured)
-    return captured
+    record = dataclasses.replace(
+        layout,
+        cache="buffers",
+        inputs=("input_ids", "cache_position"),
+        outputs=("logits",),
+        last_logits=wrapper.last_logits,
+    )
+    if wrapper.fused:
+        return captured, record, FUSED_ATTENTION
+    return captured, record, "the program's own: " + "; ".join(wrapper.unfused_because)
+
+
+def _with_layout(options: Any, layout: LlmLayout) -> Any:
+    """``options`` whose file metadata records ``layout`` (in place of the program's)."""
+    from ..layout import LAYOUT_KEY
+
+    kept = tuple((k, v) for k, v in options.file_metadata if k != LAYOUT_KEY)
+    return dataclasses.replace(options, file_metadata=kept + ((LAYOUT_KEY, layout.to_json()),))
 
 
 def _drop_runtime_asserts(program: ExportedProgram) -> None:
@@ -175,16 +240,20 @@ def lower_runner_pte(
     name: str,
     options: Any,
     methods: Mapping[str, Any],
-) -> Any:
+    fuse: bool = True,
+) -> tuple[Any, str]:
     """Capture the runner program, decompose it as the XNNPACK target does (its pipeline of
     rewrites included) and lower it with the runner's constant methods; the file is
     ``staging/<name>.pte`` (and ``<name>.ptd`` when the weights go to a data file). Returns the
-    target's ``LoweredTarget``."""
+    target's ``LoweredTarget`` and the attention it computes (``fuse``: ExecuTorch's LLM ops
+    where they compute the program's)."""
     from ...exporters.xnnpack import XnnpackExporter
 
     exporter = XnnpackExporter()
-    captured = runner_program(program, layout)
+    captured, record, attention = runner_program(program, layout, fuse=fuse)
+    options = _with_layout(options, record)
     decomposed = exporter.decompose(captured, options)
     del captured
     _check_mutations(decomposed, layout)
-    return exporter.lower(decomposed, staging, name, options, methods=dict(methods))
+    methods = {**methods, "use_sdpa_with_kv_cache": attention == FUSED_ATTENTION}
+    return exporter.lower(decomposed, staging, name, options, methods=methods), attention

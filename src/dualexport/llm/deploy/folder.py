@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 CACHE_FOLDER = ".dualexport"
 #: Weights (bytes) from which the runner .pte keeps its XNNPACK weights in a ``.ptd`` beside it.
 PTE_DATA_FILE_ABOVE = 2 << 30
+#: A quantized program's runner files keep its own attention: each is held to the proven file of
+#: its target as the same graph and kernels (proof.py), which another attention kernel is not (a
+#: 1e-7 change of an activation moves int8 levels: 61 dB on a 2-layer decoder, 80 needed).
+QUANTIZED_ATTENTION = "the program's own: a quantized program's runner file is proven kernel for kernel"
 #: The key each deploy file's failure is reported under in ``ExportResult.errors``.
 RUNNER_TARGETS = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
 
@@ -57,6 +61,8 @@ class DeployFolder:
     errors: Mapping[str, DualExportError] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
     seconds: Mapping[str, float] = field(default_factory=dict)
+    #: each runner file's attention: the runtime's own LLM attention op, or the program's and why
+    attention: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -110,6 +116,7 @@ def _write(
     proofs: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     roles: dict[str, Any] = {}
+    attention: dict[str, str] = {}
     with staging_dir(out_dir) as staging:
         for target in ("xnnpack", "onnx"):
             if target not in res.artifacts:
@@ -120,13 +127,15 @@ def _write(
             start = time.perf_counter()
             try:
                 if target == "xnnpack":
-                    roles["pte"], proofs[target] = _runner_pte(res, layout, staging, name, options, bos, eos)
+                    roles["pte"], proofs[target], attention[target] = _runner_pte(
+                        res, layout, staging, name, options, bos, eos
+                    )
                 else:
                     made = _genai(res, layout, staging, name, model, bos, eos, pad)
                     if made is None:
                         skipped[target] = "the decoder needs the whole-cache program (see the log)"
                     else:
-                        roles["onnx"], roles["genai_config"], proofs[target] = made
+                        roles["onnx"], roles["genai_config"], proofs[target], attention[target] = made
             except Exception as exc:  # one runner file failing leaves the other and the explicit files
                 error = exc if isinstance(exc, DualExportError) else _internal(target, exc)
                 logger.warning("the %s deploy file was not published: %s", target, error.message)
@@ -153,6 +162,7 @@ def _write(
         errors=errors,
         skipped=skipped,
         seconds=seconds,
+        attention=attention,
     )
 
 
@@ -188,27 +198,32 @@ def _quantized(res: Any) -> bool:
 
 def _runner_pte(
     res: Any, layout: LlmLayout, staging: pathlib.Path, name: str, options: Any, bos: Any, eos: Any
-) -> tuple[pathlib.Path, Any]:
+) -> tuple[pathlib.Path, Any, str]:
     from .executorch import lower_runner_pte, runner_methods
     from .proof import prove_deploy_file
 
-    record = dataclasses.replace(
-        layout, cache="buffers", inputs=("input_ids", "cache_position"), outputs=("logits",)
-    )
-    opts = _with_layout(options, record)
+    opts = options
     if opts.xnnpack_external_data is None:
         # one file, as ExecuTorch's own LLM export writes and TextLLMRunner(pte, tokenizer) takes;
         # a data file (passed as the runner's data_path) only past what one file should carry
         weights = sum(t.numel() * t.element_size() for t in res.program.state_dict.values())
         opts = dataclasses.replace(opts, xnnpack_external_data=weights >= PTE_DATA_FILE_ABOVE)
-    lowered = lower_runner_pte(
-        res.program.exported_program, layout, staging, name, opts, runner_methods(layout, bos, eos)
+    quantized = _quantized(res)
+    # ExecuTorch's LLM attention ops for float programs; a quantized file is held to the proven
+    # file as the same graph and kernels (proof.py), which another attention kernel is not
+    lowered, attention = lower_runner_pte(
+        res.program.exported_program,
+        layout,
+        staging,
+        name,
+        opts,
+        runner_methods(layout, bos, eos),
+        fuse=not quantized,
     )
     path = lowered.files[0]
-    quantized = _quantized(res)
     reference, against = _reference(res, layout, "xnnpack", quantized)
     proof = prove_deploy_file(path, "xnnpack", reference, against, layout, quantized)
-    return path, proof
+    return path, proof, QUANTIZED_ATTENTION if quantized else attention
 
 
 def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tuple[Any, str]:
@@ -250,7 +265,7 @@ def _genai(
     bos: Any,
     eos: Any,
     pad: Any,
-) -> tuple[pathlib.Path, pathlib.Path, Any] | None:
+) -> tuple[pathlib.Path, pathlib.Path, Any, str] | None:
     from .genai import GENAI_CONFIG, bake_session_config, genai_config, genai_onnx, write_config
     from .proof import prove_deploy_file
 
@@ -264,18 +279,19 @@ def _genai(
     explicit = res.artifacts["onnx"].path
     path = staging / f"{name}.onnx"
     quantized = _quantized(res)
+    # GroupQueryAttention for float programs; a quantized file is held to the proven file as the
+    # same graph and kernels (proof.py), which another attention kernel is not
+    fuse = not quantized
     if quantized:  # written aside, then baked with its session entries (genai.bake_session_config)
         aside = staging / ".genai"
         aside.mkdir()
         try:
-            genai_onnx(explicit, aside / path.name, layout)
+            made = genai_onnx(explicit, aside / path.name, layout, fuse=fuse)
             bake_session_config(aside / path.name, path)
         finally:
             shutil.rmtree(aside, ignore_errors=True)
     else:
-        genai_onnx(explicit, path, layout)
-    reference, against = _reference(res, layout, "onnx", quantized)
-    proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
+        made = genai_onnx(explicit, path, layout, fuse=fuse)
     config = genai_config(
         layout,
         filename=path.name,
@@ -283,12 +299,10 @@ def _genai(
         bos_token_id=bos,
         eos_token_ids=eos,
         pad_token_id=pad,
+        share_buffer=made.fused,
     )
-    return path, write_config(staging / GENAI_CONFIG, config), proof
-
-
-def _with_layout(options: Any, layout: LlmLayout) -> Any:
-    from ..layout import LAYOUT_KEY
-
-    kept = tuple((k, v) for k, v in options.file_metadata if k != LAYOUT_KEY)
-    return dataclasses.replace(options, file_metadata=kept + ((LAYOUT_KEY, layout.to_json()),))
+    # written first: the proof drives the file as onnxruntime-genai does with this config
+    written = write_config(staging / GENAI_CONFIG, config)
+    reference, against = _reference(res, layout, "onnx", quantized)
+    proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
+    return path, written, proof, QUANTIZED_ATTENTION if quantized else made.attention

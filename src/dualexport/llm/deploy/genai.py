@@ -9,10 +9,12 @@ seen (``P = 0`` at the prompt), and reads ``logits`` and ``present.<l>.key/.valu
 The proven ``"rows"`` program computes all of that already: its past may hold any number of
 slots (a slot from the first position written on is masked), and each layer attends over
 ``Concat(past, new rows)``, which is the present. So the file is the proven file with its inputs
-renamed, ``cache_position`` read from ``position_ids``, and each layer's concatenation also
-returned under the present's name: a rewrite of names and outputs (onnx-ir), no new arithmetic.
-The first three outputs stay the program's (logits, new keys, new values), so the same proof sets
-drive the file.
+renamed, ``cache_position`` read from ``position_ids``, each layer's concatenation returned under
+the present's name, and the program's new-rows outputs dropped (onnxruntime-genai reads the
+presents): a rewrite of names and outputs (onnx-ir), no new arithmetic. For a float program each
+layer's attention then becomes ``GroupQueryAttention`` where it computes the same
+(genai_attention.py): the past and present are then one buffer of ``T`` slots that
+onnxruntime-genai shares (``past_present_share_buffer``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "bake_session_config",
     "genai_names",
     "GenaiNames",
+    "GenaiFile",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,9 +97,21 @@ def genai_layout(layout: LlmLayout) -> LlmLayout:
     return dataclasses.replace(layout, cache="genai", inputs=names, past_step=0)
 
 
-def genai_onnx(source: pathlib.Path, dest: pathlib.Path, layout: LlmLayout) -> tuple[pathlib.Path, ...]:
+@dataclass(frozen=True)
+class GenaiFile:
+    """A written genai .onnx: its files, and whether its attention is ``GroupQueryAttention``
+    (which takes onnxruntime-genai's shared past/present buffer of ``T`` slots)."""
+
+    files: tuple[pathlib.Path, ...]
+    fused: bool
+    #: what its attention is: ``GroupQueryAttention`` or the program's own, and why
+    attention: str = ""
+
+
+def genai_onnx(source: pathlib.Path, dest: pathlib.Path, layout: LlmLayout, fuse: bool = True) -> GenaiFile:
     """Write ``dest`` (and ``<dest>.data`` for its weights) from the proven ``"rows"`` file
-    ``source``: see the module docstring. Returns the files written."""
+    ``source``: see the module docstring; with ``fuse``, each layer's attention as ONNX Runtime's
+    ``GroupQueryAttention`` where it computes the same (genai_attention.py)."""
     import numpy as np
     import onnx_ir as ir
 
@@ -141,14 +156,28 @@ def genai_onnx(source: pathlib.Path, dest: pathlib.Path, layout: LlmLayout) -> t
         # whole past per layer and step)
         concat.name = presents[i]
         graph.outputs.append(concat)
-    for value, name in zip(graph.outputs[:3], ("logits", "new_k", "new_v"), strict=True):
-        value.name = name
+    graph.outputs[0].name = "logits"
+    # the new rows (the program's own outputs 1 and 2): onnxruntime-genai reads the presents
+    del graph.outputs[1:3]
+    why = ["off"]
+    if fuse:
+        from .genai_attention import fuse_group_query_attention
+
+        why = fuse_group_query_attention(model, layers, layout.kv_heads, layout.head_dim, layout.max_seq_len)
+        if why:
+            logger.info("genai .onnx: the program's own attention (%s)", "; ".join(why))
+    if why:  # nothing reads the rest of the program's graph past the presents and the logits
+        from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+        RemoveUnusedNodesPass()(model)
     record = genai_layout(layout)
     model.metadata_props[LAYOUT_KEY] = record.to_json()
     model.metadata_props[_RANGES] = json.dumps(_ranges(record, model.metadata_props.get(_RANGES)))
     data = dest.with_name(dest.name + ".data")
     ir.save(model, dest, external_data=data.name, size_threshold_bytes=1024)
-    return (dest, data) if data.is_file() else (dest,)
+    files = (dest, data) if data.is_file() else (dest,)
+    attention = "com.microsoft::GroupQueryAttention" if not why else "the program's own: " + "; ".join(why)
+    return GenaiFile(files, fused=not why, attention=attention)
 
 
 def bake_session_config(source: pathlib.Path, dest: pathlib.Path) -> tuple[pathlib.Path, ...]:
@@ -220,14 +249,14 @@ def _concat_rows(ir: Any, np: Any, graph: Any, past: Any, rows: Any, layer: int)
 
 
 def _ranges(layout: LlmLayout, recorded: str | None) -> list[dict[str, Any]]:
-    """The ranges the genai file takes: ``S`` as the program's, the past from 0 to ``T - 1``."""
+    """The ranges the genai file takes: ``S`` as the program's, the past from 0 to ``T``."""
     specs: list[dict[str, Any]] = json.loads(recorded) if recorded else []
     if len(specs) != 2 + 2 * layout.layers:
         return specs
     seq = specs[0]["dims"][1]
     specs[1] = {"dtype": specs[1]["dtype"], "dims": [1, seq]}
-    for spec in specs[2:]:
-        spec["dims"][2] = [0, layout.max_seq_len - 1]
+    for spec in specs[2:]:  # the tokens seen, or all T slots of a shared buffer
+        spec["dims"][2] = [0, layout.max_seq_len]
     return specs
 
 
@@ -239,10 +268,13 @@ def genai_config(
     bos_token_id: int | None = None,
     eos_token_ids: tuple[int, ...] = (),
     pad_token_id: int | None = None,
+    share_buffer: bool = False,
 ) -> dict[str, Any]:
     """``genai_config.json`` for the file: the generic decoder-only type (``"llama"``: standard
     I/O names, no model-specific inputs), head counts and sizes, the context, greedy search
-    defaults, and the special ids."""
+    defaults, and the special ids. ``share_buffer``: the file's attention takes the past as one
+    buffer of ``T`` slots and writes the new rows into it (``GroupQueryAttention``), so
+    onnxruntime-genai binds one buffer as past and present and copies nothing per step."""
     heads = _config_int(model_config, "num_attention_heads", layout.kv_heads)
     hidden = _config_int(model_config, "hidden_size", heads * layout.head_dim)
     eos = list(eos_token_ids or layout.eos_token_ids)
@@ -286,7 +318,7 @@ def genai_config(
         "no_repeat_ngram_size": 0,
         "num_beams": 1,
         "num_return_sequences": 1,
-        "past_present_share_buffer": False,
+        "past_present_share_buffer": share_buffer,
         "repetition_penalty": 1.0,
         "temperature": 1.0,
         "top_k": 1,

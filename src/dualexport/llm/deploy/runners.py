@@ -98,6 +98,11 @@ def run_text_llm_runner(folder: pathlib.Path, prompt: str, max_new_tokens: int) 
         with _native_output_to_null():  # the import and the load log natively too
             from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
+            from ...compat.executorch import load_llm_ops
+            from ...runtimes.executorch import uses_llm_ops
+
+            if uses_llm_ops(pte):  # its kernels, which the runner's own Python module does not load
+                load_llm_ops()
             runner = TextLLMRunner(str(pte), tokenizer, str(data) if data.is_file() else None)
     except Exception as exc:
         raise RuntimeLoadError(
