@@ -21,6 +21,7 @@ from . import Seam
 __all__ = [
     "SEAMS",
     "BatchNormBase",
+    "check_fact",
     "OpOverload",
     "backed_size_oblivious",
     "cia_materializer",
@@ -94,6 +95,7 @@ SEAMS: tuple[Seam, ...] = (
         "backed_size_oblivious",
     ),
     Seam("torch.nn.modules.batchnorm._BatchNorm", "any BatchNorm module", "BatchNormBase"),
+    Seam("torch._check", "a fact about a symbolic value, for the capture", "check_fact"),
     Seam(
         "torch.nn.modules.module.Module._non_persistent_buffers_set",
         "buffers not in state_dict",
@@ -239,6 +241,12 @@ def is_contiguous_or_false(tensor: torch.Tensor) -> bool:
     from torch._prims_common import is_contiguous_or_false as check
 
     return bool(check(tensor))
+
+
+def check_fact(condition: Any) -> None:
+    """Tell the capture a fact about a symbolic value (a data-dependent size's range), which it
+    keeps as a runtime assert: ``torch._check``."""
+    torch._check(condition)
 
 
 @contextmanager

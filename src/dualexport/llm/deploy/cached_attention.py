@@ -191,10 +191,12 @@ def cached_attention(
     """``query [1, H, S, D]``, new ``key``/``value [1, Hkv, S, D]``, caches ``[1, T, Hkv, D]``:
     write the new rows at ``cache_position[0]``, attend causally over the first ``start + S``
     positions; ``[1, S, H, D]``."""
+    from ...compat.torch import check_fact
+
     start = cache_position[0].item()
-    torch._check(start >= 0)
-    torch._check(start < key_cache.shape[1])
-    torch._check(start + query.shape[2] <= key_cache.shape[1])
+    check_fact(start >= 0)
+    check_fact(start < key_cache.shape[1])
+    check_fact(start + query.shape[2] <= key_cache.shape[1])
     torch.ops.llama.update_cache(key.transpose(1, 2).contiguous(), key_cache, start)
     torch.ops.llama.update_cache(value.transpose(1, 2).contiguous(), value_cache, start)
     q = query.transpose(1, 2).contiguous()

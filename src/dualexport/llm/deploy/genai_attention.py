@@ -144,17 +144,9 @@ def fuse_group_query_attention(
     import onnx_ir as ir
 
     graph = model.graph
-    outputs = {v.name: v for v in graph.outputs}
-    plans = []
-    for layer in range(layers):
-        k, v = outputs.get(f"present.{layer}.key"), outputs.get(f"present.{layer}.value")
-        ck, cv = (k.producer() if k is not None else None), (v.producer() if v is not None else None)
-        if ck is None or cv is None or ck.op_type != "Concat" or cv.op_type != "Concat":
-            return [f"layer {layer}: the presents are not the attention's concatenations"]
-        why, plan = _match(ck, cv)
-        if plan is None:
-            return [f"layer {layer}: {why}"]
-        plans.append((layer, ck, cv, plan))
+    plans, why = _plan_layers(graph, layers)
+    if why:
+        return why
     heads = {plan["heads"] for _, _, _, plan in plans}
     if len(heads) != 1:
         return ["layers of different head counts"]
@@ -163,12 +155,57 @@ def fuse_group_query_attention(
     if position_ids is None:
         return ["the file has no position_ids input"]
 
-    def const(name: str, array: Any) -> ir.Value:
+    def const(name: str, array: Any) -> Any:
         out = ir.Value(name=name)
         graph.insert_before(graph[0], ir.node("Constant", [], {"value": ir.tensor(array)}, outputs=[out]))
         return out
 
-    # the keys seen after this call: the last position + 1 (positions run on from the past)
+    lengths = _sequence_lengths(ir, np, graph, position_ids, const)
+    flat_q = const("dx_gqa_q_shape", np.array([1, -1, heads_n * head_dim], dtype=np.int64))
+    flat_kv = const("dx_gqa_kv_shape", np.array([1, -1, kv_heads * head_dim], dtype=np.int64))
+    rotary = _rotary_plan(plans, position_ids, head_dim, max_seq_len)
+    attrs: dict[str, Any] = {"num_heads": heads_n, "kv_num_heads": kv_heads}
+    extra: list[Any] = []
+    if rotary is not None:  # the model's rotary embedding, as GQA's (rotate-half, cos/sin tables)
+        for n, table in zip(("cos", "sin"), rotary["tables"], strict=True):
+            value = ir.Value(name=f"dx_gqa_{n}_cache", const_value=ir.tensor(table, name=f"dx_gqa_{n}_cache"))
+            graph.register_initializer(value)
+            extra.append(value)
+        attrs.update(do_rotary=1, rotary_interleaved=0)
+    for layer, ck, cv, plan in plans:
+        if rotary is not None:
+            q_in, k_in = rotary["q"][layer], rotary["k"][layer]
+        else:
+            q_in, k_in = plan["query"], ck.inputs[1]
+        _rewrite_layer(
+            ir, graph, layer, ck, cv, plan, (q_in, k_in), (flat_q, flat_kv), [*lengths, *extra], attrs
+        )
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    RemoveUnusedNodesPass()(model)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    return []
+
+
+def _plan_layers(graph: Any, layers: int) -> tuple[list[Any], list[str]]:
+    """Each layer's match (its index, both concatenations, :func:`_match`'s plan), or why not."""
+    outputs = {v.name: v for v in graph.outputs}
+    plans = []
+    for layer in range(layers):
+        k, v = outputs.get(f"present.{layer}.key"), outputs.get(f"present.{layer}.value")
+        ck, cv = (k.producer() if k is not None else None), (v.producer() if v is not None else None)
+        if ck is None or cv is None or ck.op_type != "Concat" or cv.op_type != "Concat":
+            return [], [f"layer {layer}: the presents are not the attention's concatenations"]
+        why, plan = _match(ck, cv)
+        if plan is None:
+            return [], [f"layer {layer}: {why}"]
+        plans.append((layer, ck, cv, plan))
+    return plans, []
+
+
+def _sequence_lengths(ir: Any, np: Any, graph: Any, position_ids: Any, const: Any) -> list[Any]:
+    """GQA's ``seqlens_k`` (``[1]``, the keys seen after this call minus one) and
+    ``total_sequence_length`` (a scalar): from the last position (positions run on from the past)."""
     last_index = const("dx_gqa_last", np.array([-1], dtype=np.int64))
     scalar_shape = const("dx_gqa_scalar", np.array([], dtype=np.int64))
     one = const("dx_gqa_one", np.array(1, dtype=np.int32))
@@ -181,62 +218,53 @@ def fuse_group_query_attention(
         [
             ir.node("Gather", [position_ids, last_index], {"axis": 1}, outputs=[last]),  # [1, 1]
             ir.node("Cast", [last], {"to": ir.DataType.INT32}, outputs=[last32]),
-            ir.node("Reshape", [last32, batch], outputs=[seqlens_k]),  # [1]: keys seen - 1
+            ir.node("Reshape", [last32, batch], outputs=[seqlens_k]),
             ir.node("Add", [seqlens_k, one], outputs=[total_1d]),
-            ir.node("Reshape", [total_1d, scalar_shape], outputs=[total]),  # a scalar
+            ir.node("Reshape", [total_1d, scalar_shape], outputs=[total]),
         ],
     )
+    return [seqlens_k, total]
 
-    flat_q = const("dx_gqa_q_shape", np.array([1, -1, heads_n * head_dim], dtype=np.int64))
-    flat_kv = const("dx_gqa_kv_shape", np.array([1, -1, kv_heads * head_dim], dtype=np.int64))
-    rotary = _rotary_plan(plans, position_ids, head_dim, max_seq_len)
-    attrs: dict[str, Any] = {"num_heads": heads_n, "kv_num_heads": kv_heads}
-    extra: list[Any] = []
-    if rotary is not None:  # the model's rotary embedding, as GQA's (rotate-half, cos/sin tables)
-        cos, sin = (
-            ir.Value(name=f"dx_gqa_{n}_cache", const_value=ir.tensor(t, name=f"dx_gqa_{n}_cache"))
-            for n, t in zip(("cos", "sin"), rotary["tables"], strict=True)
-        )
-        for value in (cos, sin):
-            graph.register_initializer(value)
-        extra = [cos, sin]
-        attrs.update(do_rotary=1, rotary_interleaved=0)
-    for layer, ck, cv, plan in plans:
-        present_k = ir.Value(name=f"present.{layer}.key")
-        present_v = ir.Value(name=f"present.{layer}.value")
-        out = ir.Value(name=f"dx_gqa{layer}_out")
-        past_k, new_k = ck.inputs
-        past_v, new_v = cv.inputs
-        nodes: list[Any] = []
-        if rotary is not None:
-            q_in, k_in = rotary["q"][layer], rotary["k"][layer]
-        else:
-            q_in, k_in = plan["query"], new_k
-        q = _flat(ir, nodes, q_in, flat_q, f"dx_gqa{layer}_q")
-        k = _flat(ir, nodes, k_in, flat_kv, f"dx_gqa{layer}_k")
-        v = _flat(ir, nodes, new_v, flat_kv, f"dx_gqa{layer}_v")
-        nodes.append(
-            ir.node(
-                "GroupQueryAttention",
-                [q, k, v, past_k, past_v, seqlens_k, total, *extra],
-                {**attrs, "scale": float(plan["scale"])},
-                domain="com.microsoft",
-                outputs=[out, present_k, present_v],
-            )
-        )
-        final = plan["final"]
-        graph.insert_before(final.producer(), nodes)
-        final.replace_all_uses_with(out)
-        for i, value in enumerate(graph.outputs):
-            if value is ck.outputs[0]:
-                graph.outputs[i] = present_k
-            elif value is cv.outputs[0]:
-                graph.outputs[i] = present_v
-    from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-    RemoveUnusedNodesPass()(model)
-    model.opset_imports.setdefault("com.microsoft", 1)
-    return []
+def _rewrite_layer(
+    ir: Any,
+    graph: Any,
+    layer: int,
+    ck: Any,
+    cv: Any,
+    plan: dict[str, Any],
+    qk: tuple[Any, Any],
+    shapes: tuple[Any, Any],
+    tail: list[Any],
+    attrs: dict[str, Any],
+) -> None:
+    """One layer's attention as ``GroupQueryAttention``: its output replaces the attention's, its
+    presents the concatenations among the graph's outputs."""
+    present_k = ir.Value(name=f"present.{layer}.key")
+    present_v = ir.Value(name=f"present.{layer}.value")
+    out = ir.Value(name=f"dx_gqa{layer}_out")
+    past_k, past_v, new_v = ck.inputs[0], cv.inputs[0], cv.inputs[1]
+    nodes: list[Any] = []
+    q = _flat(ir, nodes, qk[0], shapes[0], f"dx_gqa{layer}_q")
+    k = _flat(ir, nodes, qk[1], shapes[1], f"dx_gqa{layer}_k")
+    v = _flat(ir, nodes, new_v, shapes[1], f"dx_gqa{layer}_v")
+    nodes.append(
+        ir.node(
+            "GroupQueryAttention",
+            [q, k, v, past_k, past_v, *tail],
+            {**attrs, "scale": float(plan["scale"])},
+            domain="com.microsoft",
+            outputs=[out, present_k, present_v],
+        )
+    )
+    final = plan["final"]
+    graph.insert_before(final.producer(), nodes)
+    final.replace_all_uses_with(out)
+    for i, value in enumerate(graph.outputs):
+        if value is ck.outputs[0]:
+            graph.outputs[i] = present_k
+        elif value is cv.outputs[0]:
+            graph.outputs[i] = present_v
 
 
 def _first_user(graph: Any, value: Any) -> Any:
