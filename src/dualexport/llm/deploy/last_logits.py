@@ -15,6 +15,7 @@ is then taken at its last position.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -62,12 +63,65 @@ def last_position_logits(module: fx.GraphModule) -> str | None:
         node = tensors[0]
     if not _is(node, _HEADS):
         return f"the logits do not come from a linear (from {getattr(node, 'target', node)})"
-    hidden = node.args[0]
-    val = hidden.meta.get("val") if isinstance(hidden, fx.Node) else None
+    hidden, chain, why = _activation_source(node)
+    if why:
+        return why
+    val = hidden.meta.get("val")
     if val is None or val.dim() != 3:
         return "the head's input is not [1, S, hidden]"
-    with graph.inserting_before(node):
+    with graph.inserting_after(hidden):
         last = graph.call_function(last_row, (hidden,))
-    node.replace_input_with(hidden, last)
+    for reader in chain:  # the head, or the ops quantizing its input token by token
+        reader.replace_input_with(hidden, last)
     module.recompile()
     return None
+
+
+def _activation_source(head: fx.Node) -> tuple[Any, list[fx.Node], str]:
+    """The float hidden state the head reads, and the nodes that read it on the way (the head
+    itself, or a quantized head's per-token activation quantization: ``choose_qparams``,
+    ``quantize``, ``dequantize``, whose rows are each position's own)."""
+    source = head.args[0]
+    if not isinstance(source, fx.Node) or not _is_quant(source):
+        return source, [head], ""
+    chain: list[fx.Node] = []
+    roots: set[fx.Node] = set()
+    stack = [source]
+    while stack:
+        node = stack.pop()
+        if node in chain:
+            continue
+        chain.append(node)
+        if node.target is operator.getitem or _is_quant(node):
+            if _name(node).endswith("choose_qparams_affine") and not _per_row(node):
+                return None, [], "the head's activations are quantized over more than one position"
+            stack.extend(a for a in node.args if isinstance(a, fx.Node) and not _is_weight(a))
+        else:
+            roots.add(node)
+    if len(roots) != 1:
+        return None, [], "the head's quantized input has no single hidden state"
+    root = roots.pop()
+    chain.remove(root)
+    return root, [n for n in chain if root in n.all_input_nodes], ""
+
+
+def _name(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target)).split(".")[0]
+
+
+def _is_quant(node: fx.Node) -> bool:
+    return node.op == "call_function" and _name(node) in _ACTIVATION_QUANT
+
+
+def _is_weight(node: fx.Node) -> bool:
+    return node.op in ("get_attr", "placeholder")
+
+
+def _per_row(choose: fx.Node) -> bool:
+    """A ``choose_qparams_affine`` whose block spans the last dimension only: one scale per row."""
+    block = choose.args[2] if len(choose.args) > 2 else choose.kwargs.get("block_size")
+    return isinstance(block, (list, tuple)) and all(int(b) == 1 for b in block[:-1])
+
+
+#: torchao's dynamic activation quantization (``torch.ops.torchao.*``), each row its own scale
+_ACTIVATION_QUANT = {"choose_qparams_affine", "quantize_affine", "dequantize_affine"}
