@@ -18,7 +18,7 @@ Two prompts, rendered with the model's chat template: a short question (about 30
 longer one (about 200 tokens) for prefill. Every file is measured in a child process of its own
 (fresh process: its peak RSS, VmHWM, is the file's; the figure after imports is printed beside it,
 since the ExecuTorch runner's module imports torch and onnxruntime-genai does not; the ExecuTorch
-children also import ExecuTorch's LLM custom-op kernels, which the exporter's file needs): after loading and
+children also import ExecuTorch's LLM custom-op kernels, which both files call): after loading and
 one short warm-up generation, per prompt, prefill tokens/s (prompt tokens over the prefill, the
 prompt's tokenization included; the ExecuTorch runner's own ``Stats``: ``prompt_eval_end_ms -
 inference_start_ms``), time to first token (the text in to the first token out, wall clock), decode
@@ -112,9 +112,9 @@ STATS = (
 
 
 def measure_executorch(spec: dict[str, Any], prompts: dict[str, str], new: int) -> dict[str, Any]:
-    # the kernels of ExecuTorch's LLM custom ops (llama::custom_sdpa, llama::update_cache) that the
-    # exporter's file calls outside the delegate; its own Python runner imports them the same way.
-    # Imported for every file, so that each runs in the same process.
+    # the kernels of ExecuTorch's LLM custom ops (llama::custom_sdpa, llama::update_cache) that
+    # both files (a float one of dualexport's, the exporter's) call outside the delegate; its own
+    # Python runner imports them the same way. Imported for every file, so each runs alike.
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
