@@ -260,12 +260,13 @@ def test_a_runner_pte_that_drops_a_cache_write_is_refused(
     assert not (tmp_path / "model.pte").exists()
 
 
-def test_fused_attention_slips_are_refused(
+def test_fused_attention_slips_are_refused_and_the_programs_own_attention_ships(
     deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtimes' own attention ops are held to the shared program like the rest: a .pte whose
     custom_sdpa scales the scores by 1/D instead of 1/sqrt(D), and a .onnx whose rotary tables
-    are one position late, are refused by the walks and not published."""
+    are one position late, are refused by the walks; the folder then ships each file with the
+    program's own attention, proven, and says why."""
     from dualexport.llm.deploy import cached_attention, genai_attention
 
     real_attention = cached_attention.cached_attention
@@ -276,9 +277,10 @@ def test_fused_attention_slips_are_refused(
 
     monkeypatch.setattr(cached_attention, "cached_attention", squared_scale)
     folder = _redeploy(deployed, tmp_path / "pte", "xnnpack")
-    err = folder.errors.get("xnnpack:runner")
-    assert isinstance(err, ProofMismatchError), folder.errors
-    assert not (tmp_path / "pte" / "model.pte").exists()
+    assert folder.ok and folder.pte is not None and folder.pte.is_file(), folder.errors
+    why = folder.attention["xnnpack"]
+    assert why.startswith("the program's own: the fused file was refused") and "decode step" in why, why
+    assert folder.proofs["xnnpack"].worst_snr_db > 100
 
     real_plan = genai_attention._rotary_plan
 
@@ -290,9 +292,11 @@ def test_fused_attention_slips_are_refused(
 
     monkeypatch.setattr(genai_attention, "_rotary_plan", late)
     folder = _redeploy(deployed, tmp_path / "onnx", "onnx")
-    err = folder.errors.get("onnx:genai")
-    assert isinstance(err, ProofMismatchError), folder.errors
-    assert not (tmp_path / "onnx" / "model.onnx").exists()
+    assert folder.ok and folder.onnx is not None, folder.errors
+    assert folder.attention["onnx"].startswith("the program's own: the fused file was refused")
+    config = json.loads((tmp_path / "onnx" / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is False  # the Concat graph's own I/O
+    assert folder.proofs["onnx"].worst_snr_db > 100
 
 
 def test_a_hub_id_loads_from_the_local_cache_with_its_tokenizer(

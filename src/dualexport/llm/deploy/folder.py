@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import pathlib
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,21 +209,43 @@ def _runner_pte(
         weights = sum(t.numel() * t.element_size() for t in res.program.state_dict.values())
         opts = dataclasses.replace(opts, xnnpack_external_data=weights >= PTE_DATA_FILE_ABOVE)
     quantized = _quantized(res)
-    # ExecuTorch's LLM attention ops for float programs; a quantized file is held to the proven
-    # file as the same graph and kernels (proof.py), which another attention kernel is not
-    lowered, attention = lower_runner_pte(
-        res.program.exported_program,
-        layout,
-        staging,
-        name,
-        opts,
-        runner_methods(layout, bos, eos),
-        fuse=not quantized,
-    )
-    path = lowered.files[0]
     reference, against = _reference(res, layout, "xnnpack", quantized)
-    proof = prove_deploy_file(path, "xnnpack", reference, against, layout, quantized)
-    return path, proof, QUANTIZED_ATTENTION if quantized else attention
+
+    def attempt(fuse: bool) -> tuple[pathlib.Path, Any, str]:
+        lowered, attention = lower_runner_pte(
+            res.program.exported_program,
+            layout,
+            staging,
+            name,
+            opts,
+            runner_methods(layout, bos, eos),
+            fuse=fuse,
+        )
+        path = lowered.files[0]
+        return path, prove_deploy_file(path, "xnnpack", reference, against, layout, quantized), attention
+
+    if quantized:
+        path, proof, _ = attempt(fuse=False)
+        return path, proof, QUANTIZED_ATTENTION
+    # ExecuTorch's LLM attention ops for a float program; where that file fails (a kernel or a
+    # proof this model trips), the program's own attention, saying why
+    return _fused_or_own("xnnpack", staging, name, attempt)
+
+
+def _fused_or_own(target: str, staging: pathlib.Path, name: str, attempt: Callable[[bool], Any]) -> Any:
+    """``attempt(True)`` (the runtime's own attention op), else ``attempt(False)`` with the
+    reason the fused file was not taken as its attention."""
+    try:
+        return attempt(True)
+    except Exception as exc:  # the fallback is the file every model got before these ops
+        text = exc.message if isinstance(exc, DualExportError) else f"{type(exc).__name__}: {exc}"
+        first = text.splitlines()[0] if text else type(exc).__name__
+        logger.warning(
+            "the fused %s runner file was refused (%s); the program's own attention instead", target, first
+        )
+        _remove_staged(staging, name, target)
+        made = attempt(False)
+        return (*made[:-1], f"the program's own: the fused file was refused ({first})")
 
 
 def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tuple[Any, str]:
@@ -279,30 +301,36 @@ def _genai(
     explicit = res.artifacts["onnx"].path
     path = staging / f"{name}.onnx"
     quantized = _quantized(res)
-    # GroupQueryAttention for float programs; a quantized file is held to the proven file as the
-    # same graph and kernels (proof.py), which another attention kernel is not
-    fuse = not quantized
-    if quantized:  # written aside, then baked with its session entries (genai.bake_session_config)
-        aside = staging / ".genai"
-        aside.mkdir()
-        try:
-            made = genai_onnx(explicit, aside / path.name, layout, fuse=fuse)
-            bake_session_config(aside / path.name, path)
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
-    else:
-        made = genai_onnx(explicit, path, layout, fuse=fuse)
-    config = genai_config(
-        layout,
-        filename=path.name,
-        model_config=getattr(model, "config", None),
-        bos_token_id=bos,
-        eos_token_ids=eos,
-        pad_token_id=pad,
-        share_buffer=made.fused,
-    )
-    # written first: the proof drives the file as onnxruntime-genai does with this config
-    written = write_config(staging / GENAI_CONFIG, config)
     reference, against = _reference(res, layout, "onnx", quantized)
-    proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
-    return path, written, proof, QUANTIZED_ATTENTION if quantized else made.attention
+
+    def attempt(fuse: bool) -> tuple[pathlib.Path, pathlib.Path, Any, str]:
+        if quantized:  # written aside, then baked with its session entries (bake_session_config)
+            aside = staging / ".genai"
+            aside.mkdir(exist_ok=True)
+            try:
+                made = genai_onnx(explicit, aside / path.name, layout, fuse=fuse)
+                bake_session_config(aside / path.name, path)
+            finally:
+                shutil.rmtree(aside, ignore_errors=True)
+        else:
+            made = genai_onnx(explicit, path, layout, fuse=fuse)
+        config = genai_config(
+            layout,
+            filename=path.name,
+            model_config=getattr(model, "config", None),
+            bos_token_id=bos,
+            eos_token_ids=eos,
+            pad_token_id=pad,
+            share_buffer=made.fused,
+        )
+        # written first: the proof drives the file as onnxruntime-genai does with this config
+        written = write_config(staging / GENAI_CONFIG, config)
+        proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
+        return path, written, proof, made.attention
+
+    if quantized:
+        # a quantized file is held to the proven file as the same graph and kernels (proof.py),
+        # which another attention kernel is not
+        return (*attempt(False)[:-1], QUANTIZED_ATTENTION)
+    result: tuple[pathlib.Path, pathlib.Path, Any, str] = _fused_or_own("onnx", staging, name, attempt)
+    return result
