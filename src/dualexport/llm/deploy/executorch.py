@@ -213,7 +213,8 @@ def _check_mutations(decomposed: ExportedProgram, layout: LlmLayout) -> None:
 
 
 def runner_methods(layout: LlmLayout, bos_id: int | None, eos_ids: tuple[int, ...]) -> dict[str, Any]:
-    """The constant methods of :data:`RUNNER_METHODS`: the context is the cache's ``T`` slots,
+    """The constant methods of :data:`RUNNER_METHODS` but ``use_sdpa_with_kv_cache`` (set by
+    :func:`lower_runner_pte`, which knows the attention): the context is the cache's ``T`` slots,
     the longest call ``T`` too (the runner treats a shorter one as a ring buffer and stops
     counting positions; the program takes ``S <= T-1``, and the runner refuses a prompt that
     leaves no room, so no call reaches ``T``)."""
@@ -222,7 +223,6 @@ def runner_methods(layout: LlmLayout, bos_id: int | None, eos_ids: tuple[int, ..
         "get_max_seq_len": layout.max_seq_len,
         "get_max_context_len": layout.max_seq_len,
         "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
         "enable_dynamic_shape": True,
         "get_vocab_size": layout.vocab,
     }
@@ -255,5 +255,7 @@ def lower_runner_pte(
     decomposed = exporter.decompose(captured, options)
     del captured
     _check_mutations(decomposed, layout)
-    methods = {**methods, "use_sdpa_with_kv_cache": attention == FUSED_ATTENTION}
+    from ...runtimes.executorch import LLM_OPS_METHOD  # "use_sdpa_with_kv_cache": set here alone
+
+    methods = {**methods, LLM_OPS_METHOD: attention == FUSED_ATTENTION}
     return exporter.lower(decomposed, staging, name, options, methods=methods), attention
