@@ -121,7 +121,8 @@ def test_runner_files_use_each_runtimes_own_llm_attention(deployed: Deployed) ->
     from dualexport.runtimes.executorch import uses_llm_ops
 
     folder, deploy = deployed.folder, deployed.res.deploy
-    assert deploy.attention == {"xnnpack": FUSED_ATTENTION, "onnx": "com.microsoft::GroupQueryAttention"}
+    packed = "com.microsoft::GroupQueryAttention (packed QKV)"
+    assert deploy.attention == {"xnnpack": FUSED_ATTENTION, "onnx": packed}
     assert uses_llm_ops(folder / "model.pte")
     # and, as ExecuTorch's own LLM export, only the last position's logits (what its runner reads)
     assert (
@@ -132,6 +133,9 @@ def test_runner_files_use_each_runtimes_own_llm_attention(deployed: Deployed) ->
     assert ops.count("GroupQueryAttention") == 2 and "Softmax" not in ops and "Concat" not in ops, ops
     gqa = next(n for n in graph.node if n.op_type == "GroupQueryAttention")
     assert {a.name: a.i for a in gqa.attribute if a.type == onnx.AttributeProto.INT}["do_rotary"] == 1
+    # one projection per layer feeds GQA's packed QKV input (its key and value inputs empty), as
+    # onnxruntime-genai's builder writes it: 2 layers x (q|k|v, o, gate, up, down) + the head
+    assert list(gqa.input[1:3]) == ["", ""] and ops.count("MatMul") == 2 * 5 + 1, ops
     assert [o.name for o in graph.output] == ["logits"] + [
         f"present.{i}.{kv}" for kv in ("key", "value") for i in range(2)
     ]
@@ -264,9 +268,10 @@ def test_fused_attention_slips_are_refused_and_the_programs_own_attention_ships(
     deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtimes' own attention ops are held to the shared program like the rest: a .pte whose
-    custom_sdpa scales the scores by 1/D instead of 1/sqrt(D), and a .onnx whose rotary tables
-    are one position late, are refused by the walks; the folder then ships each file with the
-    program's own attention, proven, and says why."""
+    custom_sdpa scales the scores by 1/D instead of 1/sqrt(D), a .onnx whose rotary tables are
+    one position late, and one whose packed projection puts the keys before the queries, are
+    refused by the walks; the folder then ships each file with the program's own attention,
+    proven, and says why."""
     from dualexport.llm.deploy import cached_attention, genai_attention
 
     real_attention = cached_attention.cached_attention
@@ -297,6 +302,19 @@ def test_fused_attention_slips_are_refused_and_the_programs_own_attention_ships(
     config = json.loads((tmp_path / "onnx" / "genai_config.json").read_text())
     assert config["search"]["past_present_share_buffer"] is False  # the Concat graph's own I/O
     assert folder.proofs["onnx"].worst_snr_db > 100
+    monkeypatch.setattr(genai_attention, "_rotary_plan", real_plan)
+
+    from dualexport.llm.deploy import genai_packing
+
+    real_pack = genai_packing._pack
+
+    def key_first(ir: Any, graph: Any, gqa: Any, parts: list[Any], layer: int) -> None:
+        real_pack(ir, graph, gqa, [parts[1], parts[0], parts[2]], layer)  # k|q|v: a layout slip
+
+    monkeypatch.setattr(genai_packing, "_pack", key_first)
+    folder = _redeploy(deployed, tmp_path / "packed", "onnx")
+    assert folder.ok and folder.onnx is not None, folder.errors
+    assert folder.attention["onnx"].startswith("the program's own: the fused file was refused")
 
 
 def test_a_hub_id_loads_from_the_local_cache_with_its_tokenizer(

@@ -59,18 +59,29 @@ class ExportOptions:
     #: constant method ``key`` returning the text's UTF-8 bytes as ints (keys are identifiers);
     #: e.g. the cache layout of ``dx.export_llm``, read back by ``dx.generate``
     file_metadata: tuple[tuple[str, str], ...] = ()
-    #: ONNX Runtime's ``MatMulNBits`` accuracy level for int4 weights (``export_llm(quantize=
-    #: "int4")``): 0 (default) computes what the program computes (its 8-bit per-token
-    #: activations in the graph, float arithmetic in the kernel); 4 lets the kernel quantize the
-    #: float activations itself, per block, with int8 arithmetic: ONNX Runtime's fast path, other
-    #: numerics (proven against the program by SNR; see exporters/onnx_quant.py)
-    onnx_int4_accuracy_level: int = 0
+    #: ONNX Runtime's ``MatMulNBits`` accuracy level for quantized weights (int4, and the 8-bit
+    #: head of ``export_llm(quantize="int4")``): 0 computes what the program computes (its 8-bit
+    #: per-token activations in the graph, float arithmetic in the kernel); 4 lets the kernel
+    #: quantize the float activations itself, per block, with int8 arithmetic: ONNX Runtime's
+    #: fast path (2.7x per linear), proven against the program with the kernel's own activation
+    #: quantization (exporters/onnx_quant.py ``kernel_activations``). None: the entry point's
+    #: default, 4 for ``export_llm``'s quantized decoders, 0 for ``dx.export`` (:attr:`int4_level`)
+    onnx_int4_accuracy_level: int | None = None
+
+    @property
+    def int4_level(self) -> int:
+        """The accuracy level the .onnx records: the option, 0 when it was left to the default."""
+        return 0 if self.onnx_int4_accuracy_level is None else self.onnx_int4_accuracy_level
 
     def __post_init__(self) -> None:
-        if self.onnx_int4_accuracy_level not in INT4_ACCURACY_LEVELS:
+        if (
+            self.onnx_int4_accuracy_level is not None
+            and self.onnx_int4_accuracy_level not in INT4_ACCURACY_LEVELS
+        ):
             raise InputError(
                 f"onnx_int4_accuracy_level={self.onnx_int4_accuracy_level!r} is not one dualexport writes",
-                hint="0 (the program's numerics, the default) or 4 (ONNX Runtime's int8 kernel, faster)",
+                hint="0 (the program's numerics) or 4 (ONNX Runtime's int8 kernel, faster; export_llm's "
+                "default), or None for the default",
             )
 
     def to_dict(self) -> dict[str, Any]:

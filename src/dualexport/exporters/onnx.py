@@ -43,6 +43,7 @@ from .onnx_quant import (
     MIN_OPSET,
     Int4Result,
     float_activations,
+    kernel_activations,
     register_torchao,
     uses_torchao,
     weights_for_matmulnbits,
@@ -174,12 +175,15 @@ class OnnxExporter:
     def proof_program(
         self, program: ExportedProgram, options: ExportOptions
     ) -> tuple[ExportedProgram, str] | None:
-        if options.onnx_int4_accuracy_level != 4 or not uses_torchao(program):
+        if options.int4_level != 4 or not uses_torchao(program):
             return None
-        approx = float_activations(program)
+        approx = kernel_activations(program)
         if approx is program:
             return None
-        return approx, "the shared program with float activations into its int4 linears (accuracy level 4)"
+        return approx, (
+            "the shared program with its int4 and 8-bit linears' activations quantized as "
+            "MatMulNBits at accuracy level 4 quantizes them (per block, symmetric int8)"
+        )
 
     def passes(self, options: ExportOptions) -> tuple[str, ...]:
         from .onnx_passes import ORT_PIPELINE
@@ -194,7 +198,7 @@ class OnnxExporter:
         registry = self.registry(options)
         if uses_torchao(program):  # quantized weights: written as ONNX Runtime fuses them
             register_torchao(registry)
-            if options is not None and options.onnx_int4_accuracy_level == 4:
+            if options is not None and options.int4_level == 4:
                 program = float_activations(program)  # the kernel quantizes them (level 4)
         dec = onnx_prepare_for_export(program, registry)
         fuse_dynamic_linears(dec)  # int8-dynamic: ONNX Runtime's fused form
@@ -293,7 +297,7 @@ class OnnxExporter:
                 target=self.target,
                 hint=f"export with ExportOptions(onnx_opset={MIN_OPSET})",
             )
-        return weights_for_matmulnbits(model, options.onnx_int4_accuracy_level)
+        return weights_for_matmulnbits(model, options.int4_level)
 
     def _save(
         self, model: Any, staging: pathlib.Path, name: str, options: ExportOptions

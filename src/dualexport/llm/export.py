@@ -445,11 +445,16 @@ def _scheme(quantize: Any) -> Any:
 
 
 def _quantized_opset(options: ExportOptions) -> ExportOptions:
-    """Quantized weights are INT4 / blocked DequantizeLinear in the .onnx: opset 21 or later."""
+    """Quantized weights are INT4 / blocked DequantizeLinear in the .onnx: opset 21 or later;
+    and, unless the options say, ``MatMulNBits`` at accuracy level 4: ONNX Runtime's own int8
+    kernel, what onnxruntime-genai's builder writes and its sessions run (2.7x a level-0 linear;
+    the .onnx is proven against the program with the kernel's activation quantization)."""
     import dataclasses
 
     from ..exporters.onnx_quant import MIN_OPSET
 
+    if options.onnx_int4_accuracy_level is None:
+        options = dataclasses.replace(options, onnx_int4_accuracy_level=4)
     if options.onnx_opset is None:
         return dataclasses.replace(options, onnx_opset=MIN_OPSET)
     if options.onnx_opset < MIN_OPSET:

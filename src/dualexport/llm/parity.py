@@ -71,7 +71,7 @@ QUANTIZED_TOLERANCE = StepTolerance(
     max_abs=5e-3, min_cosine=0.9999, min_top1=0.0, min_top5=0.9, max_kl=1e-4, margin_bound=1e-2
 )
 
-#: An int4 .onnx the user asked to run at ``MatMulNBits`` accuracy level 4
+#: An int4 .onnx at ``MatMulNBits`` accuracy level 4 (export_llm's default for quantized decoders)
 #: (``ExportOptions(onnx_int4_accuracy_level=4)``: ONNX Runtime quantizes each activation per block
 #: of 32 with int8 arithmetic, where the program quantizes it per token): other numerics by
 #: design, so held to a looser bound, recorded in the report. Measured on the test decoders: max_abs

@@ -152,6 +152,8 @@ def _bound(
         tokens = a.shape[:-1]
         if step.numel() == tokens.numel():  # one step per token (torchao keeps or drops the unit dim)
             step = step.reshape(*tokens, 1)
+        elif step.numel() % max(tokens.numel(), 1) == 0:  # one per block of the token: the largest
+            step = step.reshape(*tokens, -1).abs().amax(dim=-1, keepdim=True)
         bound = bound + FLIPS * step.abs() * per_channel
     return bound + torch.finfo(torch.float32).tiny
 

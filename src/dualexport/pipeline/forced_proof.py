@@ -45,10 +45,20 @@ TAPPED_LOWERING_MIN_SNR_DB = 80.0
 class LinearByLinear:
     """The second stage of a quantized file's proof (see the module docstring), for one target."""
 
-    def __init__(self, target: str, shared: ExportedProgram, decomposed: ExportedProgram | None) -> None:
+    def __init__(
+        self,
+        target: str,
+        shared: ExportedProgram,
+        decomposed: ExportedProgram | None,
+        provenance: ExportedProgram | None = None,
+    ) -> None:
+        """``shared``: the program each linear is judged against; ``provenance``: the program
+        ``decomposed`` was derived from, when ``shared`` is a copy of it with the same node names
+        (a target's approximation, exporters/onnx_quant.py ``kernel_activations``)."""
         self.target = target
         self.shared = shared
         self.decomposed = decomposed
+        self._graph_id = id((provenance if provenance is not None else shared).graph)
         self.taps = linear_taps(shared)
         #: the tapped file (ONNX) or lowering (ExecuTorch), made once, run on every refused set
         self._tapped: TappedOnnx | TappedXnnpack | None = None
@@ -141,7 +151,7 @@ class LinearByLinear:
             return {}
         out: dict[str, str] = {}
         for n in self.decomposed.graph.nodes:
-            s = _source(n, wanted, id(self.shared.graph))
+            s = _source(n, wanted, self._graph_id)
             if s is not None:
                 out[n.name] = s
         return out
@@ -163,7 +173,7 @@ class LinearByLinear:
         by_node = self._by_node
 
         def keep(n: torch.fx.Node) -> bool:
-            s = _source(n, wanted, id(self.shared.graph))
+            s = _source(n, wanted, self._graph_id)
             if s is None:
                 return False
             by_node[n.name] = s
@@ -242,8 +252,9 @@ def _source(node: torch.fx.Node, wanted: set[str], graph_id: int) -> str | None:
     return shared_name_of(node, wanted, graph_id)
 
 
-def forced_stage(target: str, shared: Any, decomposed: Any) -> LinearByLinear | None:
-    """The second stage for a quantized shared program, None for any other."""
+def forced_stage(target: str, shared: Any, decomposed: Any, provenance: Any = None) -> LinearByLinear | None:
+    """The second stage for a quantized shared program (or a target's approximation of it, a copy
+    of ``provenance``), None for any other."""
     from ..exporters.onnx_quant import uses_torchao
 
-    return LinearByLinear(target, shared, decomposed) if uses_torchao(shared) else None
+    return LinearByLinear(target, shared, decomposed, provenance) if uses_torchao(shared) else None

@@ -42,7 +42,7 @@ from ..shared_state.request import weight_bytes
 from ..weights import WeightManifest, verify_manifest
 from ..weights.locate import holder_tensors
 from .forced_proof import forced_stage
-from .outcome import SHARED_PROGRAM, Failed, Lowered, Outcome, Patched, Proof, Published, Reused
+from .outcome import Failed, Lowered, Outcome, Patched, Proof, Published, Reused
 from .prove import prove_file
 from .reference import Reference, approximated
 
@@ -142,6 +142,8 @@ class TargetJob:
         self._lower: Callable[[], _Lowering] | None = None
         self._forked: ForkedCall[_Lowering] | None = None
         self._approximated: Reference | None = None
+        #: the program ``_approximated`` is of, when not the shared program
+        self._approximation: Any = None
         self._decomposed: Any = None
         self._error: BaseException | None = None
         #: why this job lowers although a previous set was there (Lowered.because)
@@ -362,11 +364,11 @@ class TargetJob:
     # ------------------------------------------------------------------- complete, stage
     def _prove(self, path: pathlib.Path) -> Proof:
         reference = self._proof_reference()
-        forced = (
-            forced_stage(self.target, self.shared.exported_program, self._decomposed)
-            if reference.label == SHARED_PROGRAM
-            else None
-        )
+        # a quantized program's file is judged linear by linear against what it computes: the
+        # shared program, or the target's approximation of it (a kernel's own quantization)
+        shared = self.shared.exported_program
+        program = shared if self._approximation is None else self._approximation
+        forced = forced_stage(self.target, program, self._decomposed, shared)
         return prove_file(self.target, path, self._specs, reference, forced)
 
     def _proof_reference(self) -> Reference:
@@ -374,6 +376,7 @@ class TargetJob:
         target to compute (``Exporter.proof_program``), computed once per job."""
         if self._approximated is None:
             approx = self.exporter.proof_program(self.shared.exported_program, self.options)
+            self._approximation = None if approx is None else approx[0]
             self._approximated = (
                 self.reference if approx is None else approximated(self.reference, self.shared, *approx)
             )

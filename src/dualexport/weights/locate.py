@@ -97,10 +97,12 @@ ENCODINGS = ("int4_packed", "uint4_packed_offset8", "bfloat16")
 def encoded_bytes(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: str | None) -> bytes:
     """The bytes a file stores for ``tensor`` permuted by ``perm`` and written in ``encoding``."""
     t = tensor.detach()
+    if encoding is not None and encoding.startswith(REPEATED):  # a per-row [N, 1] scale per block
+        t = t.reshape(-1, 1).expand(-1, int(encoding[len(REPEATED) :]))
     if perm:
         t = t.permute(*perm)
     t = t.contiguous()
-    if encoding is None:
+    if encoding is None or encoding.startswith(REPEATED):
         return bytes(tensor_bytes(t))
     if encoding == "bfloat16":
         return bytes(tensor_bytes(t.to(torch.bfloat16)))
@@ -112,6 +114,11 @@ def encoded_bytes(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: 
         nib = ((t.to(torch.int16) + offset) & 0xF).to(torch.uint8).reshape(-1)
         return bytes(tensor_bytes((nib[0::2] | (nib[1::2] << 4)).contiguous()))
     raise ValueError(f"unknown encoding {encoding!r}")
+
+
+#: the encoding of a per-row scale repeated R times (``rows_repeated:R``): an 8-bit weight's
+#: per-channel scale as ``MatMulNBits``' per-block scales (exporters/onnx_quant.py)
+REPEATED = "rows_repeated:"
 
 
 def encoded_sha256(tensor: torch.Tensor, perm: tuple[int, ...] | None, encoding: str | None) -> str:
@@ -193,6 +200,22 @@ def _transformed(
 # ---------------------------------------------------------------------------------- ONNX
 def _onnx_place(store: OnnxTensors, init: str) -> str:
     return f"initializer:{init}@{store.where[init]}"
+
+
+def _repeats(
+    tensor: torch.Tensor, orphan_sha: Mapping[str, list[str]], store: OnnxTensors
+) -> list[tuple[tuple[int, ...], str]]:
+    """The ``rows_repeated:R`` encodings (transposed, ``[R, N]``) an unclaimed initializer's dims
+    allow for a float ``[N, 1]`` tensor (a per-channel scale)."""
+    if tensor.dim() != 2 or tensor.shape[1] != 1 or not tensor.is_floating_point():
+        return []
+    n = int(tensor.shape[0])
+    reps = {
+        d[0]
+        for i in (x for names in orphan_sha.values() for x in names)
+        if len(d := store.dims.get(i, ())) == 2 and d[1] == n and d[0] > 1
+    }
+    return [((1, 0), f"{REPEATED}{r}") for r in sorted(reps)]
 
 
 def locate_onnx(
@@ -308,7 +331,7 @@ def _onnx_encoded(
         tensor = tensors.get(e.name)
         if tensor is None or copies[e.name]:
             continue
-        for perm, enc in _encodings(tensor, "onnx"):
+        for perm, enc in _encodings(tensor, "onnx") + _repeats(tensor, orphan_sha, store):
             sha = encoded_sha256(tensor, perm, enc)
             for init in orphan_sha.get(sha, ()):
                 claimed.add(init)
@@ -318,7 +341,10 @@ def _onnx_encoded(
                         sha,
                         perm,
                         f"quantized codes written as ONNX INT4 (two per byte) after permute{perm}: "
-                        "MatMulNBits' weight layout",
+                        "MatMulNBits' weight layout"
+                        if not enc.startswith(REPEATED)
+                        else f"a per-row scale repeated per block ({enc}) after permute{perm}: "
+                        "MatMulNBits' 8-bit scales",
                         enc,
                     )
                 )

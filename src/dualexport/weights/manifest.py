@@ -64,7 +64,8 @@ class WeightLocation:
     stored_sha256: str | None = None
     permutation: tuple[int, ...] | None = None
     #: how a ``transformed`` copy's values are written after the permutation (None: as the
-    #: holder's dtype); one of :data:`~dualexport.weights.locate.ENCODINGS`
+    #: holder's dtype); one of :data:`~dualexport.weights.locate.ENCODINGS`, or
+    #: ``rows_repeated:R`` (a per-row scale repeated per block, before the permutation)
     encoding: str | None = None
 
     @property

@@ -131,7 +131,7 @@ def _write(
                         res, layout, staging, name, options, bos, eos
                     )
                 else:
-                    made = _genai(res, layout, staging, name, model, bos, eos, pad)
+                    made = _genai(res, layout, staging, name, model, options, (bos, eos, pad))
                     if made is None:
                         skipped[target] = "the decoder needs the whole-cache program (see the log)"
                     else:
@@ -278,17 +278,42 @@ def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tup
     return proven, f"the proven {explicit.name} fed {fed}"
 
 
+def _kernel_reference(res: Any, layout: LlmLayout, options: Any) -> tuple[Any, Any, str] | None:
+    """For a quantized program whose .onnx runs ONNX Runtime's own int8 kernel (accuracy level 4):
+    sessions over the program with float activations (the reference) and over the quantized
+    program (its noise), and the label; None for any other (proof.py's docstring)."""
+    from ...exporters.onnx_quant import float_activations
+    from ..session import DecoderSession
+    from .proof import ProgramRunner
+
+    program = res.program.exported_program
+    if options is None or options.int4_level != 4:
+        return None
+    approximation = float_activations(program)
+    if approximation is program:
+        return None
+    label = "the shared program with float activations into its MatMulNBits linears (accuracy level 4)"
+
+    def reference() -> Any:
+        return DecoderSession(ProgramRunner(approximation), layout, label)
+
+    def noise() -> Any:
+        return DecoderSession(ProgramRunner(program), layout, "the shared program")
+
+    return reference, noise, label
+
+
 def _genai(
     res: Any,
     layout: LlmLayout,
     staging: pathlib.Path,
     name: str,
     model: Any,
-    bos: Any,
-    eos: Any,
-    pad: Any,
+    options: Any,
+    special: tuple[Any, Any, Any],
 ) -> tuple[pathlib.Path, pathlib.Path, Any, str] | None:
     from .genai import GENAI_CONFIG, bake_session_config, genai_config, genai_onnx, write_config
+    from .genai_packing import pack_qkv
     from .proof import prove_deploy_file
 
     if layout.cache != "rows":
@@ -301,7 +326,13 @@ def _genai(
     explicit = res.artifacts["onnx"].path
     path = staging / f"{name}.onnx"
     quantized = _quantized(res)
-    reference, against = _reference(res, layout, "onnx", quantized)
+    bos, eos, pad = special
+    kernel = _kernel_reference(res, layout, options) if quantized else None
+    noise = None
+    if kernel is not None:  # held to the criterion its explicit file was proven by
+        reference, noise, against = kernel
+    else:
+        reference, against = _reference(res, layout, "onnx", quantized)
 
     def attempt(fuse: bool) -> tuple[pathlib.Path, pathlib.Path, Any, str]:
         if quantized:  # written aside, then baked with its session entries (bake_session_config)
@@ -314,6 +345,9 @@ def _genai(
                 shutil.rmtree(aside, ignore_errors=True)
         else:
             made = genai_onnx(explicit, path, layout, fuse=fuse)
+        attention = made.attention
+        if made.fused and pack_qkv(path):  # one projection per layer, as genai's builder writes
+            attention += " (packed QKV)"
         config = genai_config(
             layout,
             filename=path.name,
@@ -325,10 +359,10 @@ def _genai(
         )
         # written first: the proof drives the file as onnxruntime-genai does with this config
         written = write_config(staging / GENAI_CONFIG, config)
-        proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized)
-        return path, written, proof, made.attention
+        proof = prove_deploy_file(path, "onnx", reference, against, layout, quantized, noise)
+        return path, written, proof, attention
 
-    if quantized:
+    if quantized and kernel is None:
         # a quantized file is held to the proven file as the same graph and kernels (proof.py),
         # which another attention kernel is not
         return (*attempt(False)[:-1], QUANTIZED_ATTENTION)

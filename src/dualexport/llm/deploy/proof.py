@@ -20,6 +20,14 @@ Against what:
   exactly the tokens seen for the .onnx) at :data:`SAME_FILE_MIN_SNR_DB`: the same numbers, up
   to a kernel's choice of summation order. The proven file was held to the program linear by
   linear (pipeline/forced_proof.py).
+* a quantized program whose .onnx runs ONNX Runtime's own int8 kernel (``MatMulNBits`` at
+  accuracy level 4: the activations quantized per block inside the kernel): the file computes
+  the program with float activations plus its kernel's rounding, and its explicit file was
+  proven so (pipeline/reference.py ``approximated``). The deploy file is held to the same
+  criterion on each call of the walks: its SNR against the program with float activations at
+  least the quantized program's own SNR against it (``quantized_tolerance``), so a runner file
+  with another attention kernel (GroupQueryAttention) is judged by what it computes, not by
+  bit-equality with a file whose kernel it does not share.
 """
 
 from __future__ import annotations
@@ -120,12 +128,13 @@ def prove_deploy_file(
     against: str,
     layout: LlmLayout,
     quantized: bool,
+    noise: Callable[[], Any] | None = None,
 ) -> DeployProof:
     """Walk ``path`` (opened as a :class:`~dualexport.llm.session.DecoderSession`) and the
     ``reference`` session (made by the callable) over :func:`walks`; raise
-    :class:`ProofMismatchError` naming the walk and the call where a file departs."""
-    from ...parity.metrics import compute_metrics
-    from ...parity.tolerances import tolerance_for
+    :class:`ProofMismatchError` naming the walk and the call where a file departs. ``noise``:
+    the quantized program's session when ``reference`` is its float-activation approximation
+    (the kernel criterion of the module docstring)."""
     from ..session import DecoderSession
 
     try:
@@ -135,6 +144,7 @@ def prove_deploy_file(
             f"{path.name} does not load: {exc.message}", target=target, hint=exc.hint
         ) from exc
     ref = reference()
+    own = noise() if noise is not None else None
     checks = []
     for index, walk in enumerate(walks(layout)):
         tokens = walk.tokens(layout.vocab, seed=index)
@@ -145,10 +155,14 @@ def prove_deploy_file(
                 f"{path.name} does not run {walk.label}: {exc.message}", target=target, hint=exc.hint
             ) from exc
         want = drive(ref, tokens, walk.prompt)
+        programs: list[torch.Tensor | None] = [None] * len(want)
+        if own is not None:
+            programs = list(drive(own, tokens, walk.prompt))
         if session.layout.last_logits:  # the file returns each call's last row: compare that one
             want = [w[-1:] for w in want]
+            programs = [p if p is None else p[-1:] for p in programs]
         worst_abs, worst_snr = 0.0, float("inf")
-        for call, (g, w) in enumerate(zip(got, want, strict=True)):
+        for call, (g, w, p) in enumerate(zip(got, want, programs, strict=True)):
             where = "the prompt" if call == 0 else f"decode step {call} (position {walk.prompt + call - 1})"
             if tuple(g.shape) != tuple(w.shape):
                 raise ProofMismatchError(
@@ -157,13 +171,7 @@ def prove_deploy_file(
                     target=target,
                     hint="the file does not compute the program it was made from; it was not published",
                 )
-            if quantized:
-                m = compute_metrics(g.float(), w.float(), rtol=0.0, atol=0.0)
-                ok, bar = m.snr_db >= SAME_FILE_MIN_SNR_DB, f"SNR >= {SAME_FILE_MIN_SNR_DB:.0f} dB"
-            else:
-                tol = tolerance_for(target, w.dtype)
-                m = tol.judge(g, w)
-                ok, bar = m.ok, tol.source
+            m, ok, bar = _judge_call(target, g, w, p, quantized)
             if not ok:
                 raise ProofMismatchError(
                     f"{path.name} computes other logits than {against} at {where} of {walk.label}: "
@@ -174,3 +182,25 @@ def prove_deploy_file(
             worst_abs, worst_snr = max(worst_abs, m.max_abs), min(worst_snr, m.snr_db)
         checks.append(WalkCheck(walk.label, len(got), worst_abs, worst_snr))
     return DeployProof(path.name, against, tuple(checks))
+
+
+def _judge_call(
+    target: str, got: torch.Tensor, want: torch.Tensor, program: torch.Tensor | None, quantized: bool
+) -> tuple[Any, bool, str]:
+    """One call's logits against the reference's, by the criterion of the module docstring:
+    the kernel criterion when the quantized ``program``'s logits are given, else the same file
+    (quantized) or the target's float tolerance."""
+    from ...parity.metrics import compute_metrics
+    from ...parity.tolerances import quantized_tolerance, tolerance_for
+
+    if program is not None:
+        own = compute_metrics(program.float(), want.float(), rtol=0.0, atol=0.0).snr_db
+        tol = quantized_tolerance(None, own)
+        m = tol.judge(got.float(), want.float())
+        return m, m.ok, f"{tol.source}: the quantized program is at {own:.1f} dB"
+    if quantized:
+        m = compute_metrics(got.float(), want.float(), rtol=0.0, atol=0.0)
+        return m, m.snr_db >= SAME_FILE_MIN_SNR_DB, f"SNR >= {SAME_FILE_MIN_SNR_DB:.0f} dB"
+    tol = tolerance_for(target, want.dtype)
+    m = tol.judge(got, want)
+    return m, m.ok, tol.source
