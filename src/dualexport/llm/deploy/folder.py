@@ -313,7 +313,7 @@ def _genai(
     special: tuple[Any, Any, Any],
 ) -> tuple[pathlib.Path, pathlib.Path, Any, str] | None:
     from .genai import GENAI_CONFIG, bake_session_config, genai_config, genai_onnx, write_config
-    from .genai_packing import pack_qkv
+    from .genai_packing import builder_fusions
     from .proof import prove_deploy_file
 
     if layout.cache != "rows":
@@ -346,7 +346,7 @@ def _genai(
         else:
             made = genai_onnx(explicit, path, layout, fuse=fuse)
         attention = made.attention
-        if made.fused and pack_qkv(path):  # one projection per layer, as genai's builder writes
+        if made.fused and builder_fusions(path)[0]:  # one projection per layer, as genai's builder
             attention += " (packed QKV)"
         config = genai_config(
             layout,

@@ -24,29 +24,39 @@ import pathlib
 import shutil
 from typing import Any
 
-__all__ = ["pack_qkv"]
+__all__ = ["pack_qkv", "builder_fusions"]
 
 logger = logging.getLogger(__name__)
 
 _NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
 
 
-def pack_qkv(path: pathlib.Path) -> int:
-    """Rewrite the .onnx at ``path`` (and its ``.data``) in place with every layer's projections
-    packed that :func:`_plan` takes; returns how many layers were packed."""
-    import onnx_ir as ir
-    from onnx_ir.passes.common import RemoveUnusedNodesPass
-
-    model = ir.load(path)
+def pack_qkv(ir: Any, graph: Any) -> int:
+    """Every layer's projections packed that :func:`_plan` takes, in ``graph``; how many."""
     packed = 0
-    for node in list(model.graph):
+    for node in list(graph):
         if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
             plan = _plan(node)
             if plan is not None:
-                _pack(ir, model.graph, node, plan, packed)
+                _pack(ir, graph, node, plan, packed)
                 packed += 1
-    if not packed:
-        return 0
+    return packed
+
+
+def builder_fusions(path: pathlib.Path) -> tuple[int, int]:
+    """Rewrite the .onnx at ``path`` (and its ``.data``) in place with the nodes onnxruntime-genai's
+    builder writes: packed QKV projections (:func:`pack_qkv`) and residual norms
+    (:func:`~dualexport.llm.deploy.genai_norms.fuse_skip_norms`); returns how many of each."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    from .genai_norms import fuse_skip_norms
+
+    model = ir.load(path)
+    packed = pack_qkv(ir, model.graph)
+    norms = fuse_skip_norms(ir, model.graph)
+    if not packed and not norms:
+        return 0, 0
     RemoveUnusedNodesPass()(model)
     # written beside under the same names (the file names its data file), then moved over: the
     # model reads its tensors lazily from the data file being replaced
@@ -60,7 +70,7 @@ def pack_qkv(path: pathlib.Path) -> int:
             written.replace(path.parent / written.name)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return packed
+    return packed, norms
 
 
 def _const(value: Any) -> Any:
