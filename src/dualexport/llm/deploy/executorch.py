@@ -254,6 +254,7 @@ def lower_runner_pte(
     options = _with_layout(options, record)
     decomposed = exporter.decompose(captured, options)
     del captured
+    _drop_runtime_asserts(decomposed)  # the decomposition may re-insert them from its shape env
     _check_mutations(decomposed, layout)
     from ...runtimes.executorch import LLM_OPS_METHOD  # "use_sdpa_with_kv_cache": set here alone
 
