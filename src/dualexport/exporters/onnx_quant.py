@@ -187,8 +187,7 @@ def _kernel_weight(node: Any) -> bool:
     and rows a whole number of :data:`INT8_BLOCK` blocks (see weights_for_matmulnbits)."""
     if not isinstance(node, torch.fx.Node) or node.target is not torch.ops.torchao.dequantize_affine.default:
         return False
-    qmin = node.args[5] if len(node.args) > 5 else node.kwargs.get("quant_min")
-    qmax = node.args[6] if len(node.args) > 6 else node.kwargs.get("quant_max")
+    qmin, qmax = _code_range(node)
     block = node.args[1]
     val = node.meta.get("val")
     if not (
@@ -245,9 +244,17 @@ def _kernel_block(weight: torch.fx.Node) -> int:
     return INT8_BLOCK if block == int(val.shape[1]) and not _int4_codes(weight) else block
 
 
+def _code_range(dequantize: torch.fx.Node) -> tuple[Any, Any]:
+    """A ``dequantize_affine``'s ``quant_min`` and ``quant_max``."""
+    args, kwargs = dequantize.args, dequantize.kwargs
+    return (
+        args[5] if len(args) > 5 else kwargs.get("quant_min"),
+        args[6] if len(args) > 6 else kwargs.get("quant_max"),
+    )
+
+
 def _int4_codes(weight: torch.fx.Node) -> bool:
-    qmin = weight.args[5] if len(weight.args) > 5 else weight.kwargs.get("quant_min")
-    qmax = weight.args[6] if len(weight.args) > 6 else weight.kwargs.get("quant_max")
+    qmin, qmax = _code_range(weight)
     return isinstance(qmin, int) and isinstance(qmax, int) and qmin >= -8 and qmax <= 7
 
 
@@ -266,22 +273,27 @@ def kernel_activations(program: Any) -> Any:
         return program
     mode = fake_mode_of(floated)
     changed = {n.name for n in _kernel_linears(program)}
+    #: one quantization per activation and block (q, k and v read the same one)
+    quantized: dict[tuple[torch.fx.Node, int], torch.fx.Node] = {}
     for node in list(floated.graph.nodes):
         if node.name not in changed:
             continue
         x, weight = node.args[0], node.args[1]
-        rank = x.meta["val"].dim()
-        block = [1] * (rank - 1) + [_kernel_block(weight)]
-        put = Inserter(floated.graph, x, mode)
-        qp = put(
-            ops.choose_qparams_affine.default,
-            (x, "SYMMETRIC", block, torch.int8, -127, 127, None, None, None),
-        )
-        scale = put(operator.getitem, (qp, 0))
-        zero = put(operator.getitem, (qp, 1))
-        q = put(ops.quantize_affine.default, (x, block, scale, zero, torch.int8, -127, 127))
-        deq = put(ops.dequantize_affine.default, (q, block, scale, zero, torch.int8, -127, 127))
-        node.replace_input_with(x, deq)
+        key = (x, _kernel_block(weight))
+        if key not in quantized:
+            block = [1] * (x.meta["val"].dim() - 1) + [key[1]]
+            put = Inserter(floated.graph, x, mode)
+            qp = put(
+                ops.choose_qparams_affine.default,
+                (x, "SYMMETRIC", block, torch.int8, -127, 127, None, None, None),
+            )
+            scale = put(operator.getitem, (qp, 0))
+            zero = put(operator.getitem, (qp, 1))
+            q = put(ops.quantize_affine.default, (x, block, scale, zero, torch.int8, -127, 127))
+            quantized[key] = put(
+                ops.dequantize_affine.default, (q, block, scale, zero, torch.int8, -127, 127)
+            )
+        node.replace_input_with(x, quantized[key])
     floated.graph.lint()
     floated.graph_module.recompile()
     return floated

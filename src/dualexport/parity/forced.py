@@ -193,7 +193,8 @@ def teacher_forced(
                 args, _ = self.fetch_args_kwargs_from_env(n)
                 a, w = args[0], args[1]
                 bias = args[2] if len(args) > 2 and isinstance(args[2], torch.Tensor) else None
-                step = steps.pop(n.args[0], None) if isinstance(n.args[0], torch.fx.Node) else None
+                # get, not pop: one dequantized activation may feed several linears (q, k, v)
+                step = steps.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
                 diff = (seen - result).abs()
                 ratio = diff / _bound(a.float(), w.float(), bias, step)
                 worst = float(ratio.max()) if ratio.numel() else 0.0
