@@ -5,9 +5,11 @@ One decoder (SmolLM2-135M's shape by default, random seeded weights), fp32 and i
 runtimes:
 
 * **dualexport**: ``dx.export_llm(model, max_seq_len=...)`` and ``quantize="int4"`` (8-bit dynamic
-  activations, int4 weights in groups of 32; one set of codes in both files); on ONNX Runtime also
-  the int4 .onnx made with ``ExportOptions(onnx_int4_accuracy_level=4)`` (ONNX Runtime's int8
-  ``MatMulNBits`` kernel quantizes the float activations itself: other numerics, opt-in);
+  activations, int4 weights in groups of 32; one set of codes in both files; the .onnx at
+  ``MatMulNBits`` accuracy level 4, the entry point's default: ONNX Runtime's int8 kernel
+  quantizes the float activations itself); on ONNX Runtime also the int4 .onnx made with
+  ``ExportOptions(onnx_int4_accuracy_level=0)`` (fp32 arithmetic on the dequantized weights: the
+  program's own numerics, opt-in);
 * **ONNX Runtime anchor**: onnxruntime-genai's model builder (``python -m
   onnxruntime_genai.models.builder -i FOLDER -p fp32|int4 -e cpu``) on the same weights saved as a
   local model folder, run by onnxruntime-genai's own generator loop;
@@ -75,7 +77,7 @@ def export_dualexport(
     max_seq_len: int,
     quantize: str | None,
     targets: tuple[str, ...] = ("onnx", "xnnpack"),
-    accuracy_level: int = 0,
+    accuracy_level: int | None = None,
 ) -> dict[str, Any]:
     import dualexport as dx
     from dualexport.exporters.base import ExportOptions
@@ -321,11 +323,11 @@ def _run(ns: argparse.Namespace) -> None:
             lambda d=d, q=quantize: export_dualexport(model, d, ns.max_seq_len, q, targets),
         )
         if ort and quantize:
-            d = out / f"dx_{precision}_l4"
-            jobs[f"dualexport {precision} level 4"] = (
+            d = out / f"dx_{precision}_l0"
+            jobs[f"dualexport {precision} level 0"] = (
                 d,
                 lambda d=d, q=quantize: export_dualexport(
-                    model, d, ns.max_seq_len, q, ("onnx",), accuracy_level=4
+                    model, d, ns.max_seq_len, q, ("onnx",), accuracy_level=0
                 ),
             )
         if et:
@@ -381,12 +383,12 @@ def _measure_all(
         if ort:
             genai = exports[f"onnxruntime-genai {precision}"]
             rows["ORT", f"dualexport {precision}"] = measure("dx", dx_files["onnx"], None, prompt, new)
-            level4 = exports.get(f"dualexport {precision} level 4")
-            if level4:
-                rows["ORT", f"dualexport {precision} level 4"] = (
-                    {"error": f"export: {level4['error']}"}
-                    if "error" in level4
-                    else measure("dx", level4["onnx"], None, prompt, new)
+            level0 = exports.get(f"dualexport {precision} level 0")
+            if level0:
+                rows["ORT", f"dualexport {precision} level 0"] = (
+                    {"error": f"export: {level0['error']}"}
+                    if "error" in level0
+                    else measure("dx", level0["onnx"], None, prompt, new)
                 )
             rows["ORT", f"onnxruntime-genai {precision}"] = measure(
                 "genai", genai["folder"], None, prompt, new
@@ -424,7 +426,7 @@ def _print(rows: dict[tuple[str, str], Any]) -> None:
         for ours_name, precision in (
             ("dualexport fp32", "fp32"),
             ("dualexport int4", "int4"),
-            ("dualexport int4 level 4", "int4"),
+            ("dualexport int4 level 0", "int4"),
         ):
             ours, theirs = rows.get((runtime, ours_name)), rows[runtime, f"{anchor} {precision}"]
             if ours is None or "error" in ours or "error" in theirs:

@@ -161,6 +161,65 @@ def _tamper_onnx(path: pathlib.Path, defect: str) -> str:
     return name.split(".mlp.down_proj.")[0] + ".mlp.down_proj"
 
 
+class CachedStep(nn.Module):
+    """A runner program in miniature: a cache buffer written at a data-dependent position with
+    ExecuTorch's ``llama::update_cache``, read by a linear after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 16)
+        self.register_buffer("cache", torch.zeros(1, 4, 1, 16), persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        start = pos[0].item()
+        torch._check(start >= 0)
+        torch._check(start < 4)
+        torch.ops.llama.update_cache(self.key(x).view(1, 1, 1, 16), self.cache, start)
+        return self.out(self.cache.sum(dim=1))
+
+
+def test_a_stateful_program_lowers_twice_and_each_tap_is_its_own_node_call_after_call() -> None:
+    """What the runner .pte's linear-by-linear proof stands on (llm/deploy/runner_proof.py): a
+    program whose cache is written at ``pos[0].item()`` lowers a second time after the first
+    (the first trace's unbacked sizes do not stay pending: ``compat.torch.pending_unbacked_kept``),
+    each tap of the tapped lowering reads its own node although the method returns no mutation
+    output, and teacher forcing with ``state`` carries the cache from call to call as the file
+    does: three calls, every linear within its bound, the outputs the file's."""
+    from dualexport.compat.executorch import load_llm_ops
+    from dualexport.exporters.xnnpack import XnnpackExporter, lower_to_buffer
+    from dualexport.parity.forced import initial_state
+    from dualexport.parity.localize import TappedXnnpack
+
+    load_llm_ops()
+    module = CachedStep().eval()
+    with torch.no_grad():
+        captured = torch.export.export(module, (torch.randn(1, 1, 16), torch.tensor([0])), strict=False)
+    program = XnnpackExporter().decompose(captured)  # the functional form: the cache a mutation
+    assert lower_to_buffer(program)  # the file
+    names = set(linear_taps(program))
+    tapped = TappedXnnpack(program, lambda n: n.name in names, same_names=True)  # lowered again
+    state = initial_state(program)
+    assert set(state) == {"cache"}
+    for pos in range(3):
+        inputs = [torch.randn(1, 1, 16), torch.tensor([pos])]
+        values = tapped.values(inputs)
+        observed = {n: v for n, v in values.items() if n in names}
+        assert set(observed) == names
+        if pos == 0:  # an empty cache: the program's own values, node by node
+            own = reference_values(program, inputs)
+            for name, value in observed.items():
+                torch.testing.assert_close(value.reshape(own[name].shape), own[name], rtol=1e-5, atol=1e-5)
+        else:  # without the carried cache the program reads an empty one: the reading linear fails
+            fresh = teacher_forced(program, inputs, observed)
+            assert fresh.first_failure is not None and fresh.first_failure.module == "out"
+        forced = teacher_forced(program, inputs, observed, state)
+        assert forced.first_failure is None and len(forced.linears) == 2
+        torch.testing.assert_close(forced.outputs[0], values["output:0"], rtol=1e-5, atol=1e-5)
+    written = state["cache"][0, :, 0]
+    assert bool(written[:3].abs().sum(dim=1).gt(0).all()) and float(written[3].abs().sum()) == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", ["scale doubled", "codes transposed"])
 def test_a_defect_planted_in_the_onnx_file_is_refused_with_its_layer(

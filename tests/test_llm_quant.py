@@ -749,3 +749,57 @@ def test_kernel_activations_compute_what_matmulnbits_computes_at_level_4(scheme:
     near = float((kernel - emulated).abs().max()) / scale
     far = float((kernel - floated).abs().max()) / scale
     assert near < 1e-5 and far > 100 * near, (near, far)
+
+
+@pytest.mark.slow
+def test_a_quantized_runner_pte_attends_with_executorchs_ops_proven_linear_by_linear(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int4 runner .pte takes ``llama::update_cache`` + ``llama::custom_sdpa`` like a float
+    one, proven linear by linear on every call of the walks (llm/deploy/runner_proof.py), and
+    generates what the quantized program generates (margin-aware); a runner program whose
+    decomposition hands back a copy of one weight (the first public bug) is refused, naming it."""
+    from dualexport.errors import ProofMismatchError
+    from dualexport.exporters.xnnpack import XnnpackExporter
+    from dualexport.llm.deploy.executorch import FUSED_ATTENTION, lower_runner_pte, runner_methods
+    from dualexport.llm.deploy.runner_proof import AGAINST, prove_runner_by_linears
+    from dualexport.llm.layout import read_layout
+
+    model = make_model("llama")
+    res = dx.export_llm(
+        model, max_seq_len=T, out_dir=tmp_path / "out", name="m", quantize="int4", target="xnnpack"
+    )
+    assert res.ok, dict(res.errors)
+    folder = res.deploy
+    assert folder.attention["xnnpack"] == FUSED_ATTENTION, folder.attention
+    proof = folder.proofs["xnnpack"]
+    assert proof.against == AGAINST and [w.calls for w in proof.walks] == [5, 5, 2], proof
+    report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
+    assert report.ok and "xnnpack:runner" in report.to_markdown(), report.to_markdown()
+
+    decompose = XnnpackExporter.decompose
+    copied: list[str] = []
+
+    def stale(self: Any, program: Any, options: Any = None) -> Any:
+        from dualexport.compat.torch import set_weight_dicts
+
+        dec = decompose(self, program, options)
+        name = next(k for k in dec.state_dict if ".mlp.up_proj." in k and k.endswith("int4_scales"))
+        state = dict(dec.state_dict)
+        state[name] = state[name].clone()
+        set_weight_dicts(dec, state_dict=state)
+        copied.append(name)
+        return dec
+
+    monkeypatch.setattr(XnnpackExporter, "decompose", stale)
+    program = res.program.exported_program
+    layout = read_layout(pathlib.Path(res.artifacts["xnnpack"].path))
+    staging = tmp_path / "stale"
+    staging.mkdir()
+    options = dx.ExportOptions(xnnpack_external_data=False)
+    lowered, attention, decomposed = lower_runner_pte(
+        program, layout, staging, "m", options, runner_methods(layout, None, ()), fuse=True
+    )
+    assert attention == FUSED_ATTENTION and copied
+    with pytest.raises(ProofMismatchError, match="a copy of the shared program's"):
+        prove_runner_by_linears(lowered.files[0], decomposed, layout, program)

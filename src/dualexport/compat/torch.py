@@ -34,6 +34,7 @@ __all__ = [
     "is_contiguous_or_false",
     "non_persistent_buffers",
     "onnx_default_opset",
+    "pending_unbacked_kept",
     "onnx_prepare_for_export",
     "onnx_program",
     "onnx_registry",
@@ -110,6 +111,11 @@ SEAMS: tuple[Seam, ...] = (
         "torch.ao.quantization.fx._decomposed",
         "defines quantized_decomposed ops",
         "register_quantized_decomposed",
+    ),
+    Seam(
+        "torch.fx.experimental.symbolic_shapes.ShapeEnv.pending_fresh_unbacked_symbols",
+        "a lowering's trace leaves its unbacked sizes pending in the program's shape env",
+        "pending_unbacked_kept",
     ),
     Seam(
         "torch.onnx._constants.ONNX_DEFAULT_OPSET", "torch.onnx.export's default opset", "onnx_default_opset"
@@ -257,6 +263,29 @@ def backed_size_oblivious() -> Iterator[None]:
     # ``patch`` is installed on the config module at import time (torch's install_config_module)
     with cast(Any, fx_config).patch(backed_size_oblivious=True):
         yield
+
+
+@contextmanager
+def pending_unbacked_kept(program: torch.export.ExportedProgram) -> Iterator[None]:
+    """The unbacked sizes pending in ``program``'s shape env as they were before the block.
+
+    Why: a lowering traces the program again (ExecuTorch's edge decomposition), and each
+    data-dependent size of that trace (a runner program's ``cache_position[0].item()``) is left
+    pending in the program's own shape env once the traced graph is done with it; the next trace
+    of the same program (its tapped lowering) then fails on them (``PendingUnbackedSymbolNotFound``,
+    torch 2.13)."""
+    env = None
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
+        if env is not None:
+            break
+    before = list(env.pending_fresh_unbacked_symbols) if env is not None else []
+    try:
+        yield
+    finally:
+        if env is not None:
+            env.pending_fresh_unbacked_symbols[:] = before
 
 
 def non_persistent_buffers(module: torch.nn.Module) -> set[str]:

@@ -17,7 +17,7 @@ import torch
 from torch.export import ExportedProgram
 
 from ..compat.executorch import default_decomposition_table, drop_lowered_payloads
-from ..compat.torch import backed_size_oblivious
+from ..compat.torch import backed_size_oblivious, pending_unbacked_kept
 from ..errors import XnnpackLoweringError
 from ..shared_state.contract import (
     DATA_FILE_METHOD,
@@ -295,6 +295,7 @@ class XnnpackExporter:
             walk_cia_ops_once_per_change(),
             xnnpack_workarounds(),
             own_dicts(decomposed),
+            pending_unbacked_kept(decomposed),
         ):
             return self._lower(decomposed, staging, name, options, methods or {})
 
@@ -334,23 +335,8 @@ class XnnpackExporter:
         # file (tensor parser error 0x23 at load). Nothing reads it: drop it.
         drop_dead_constants(lowered)
         delegation = DelegationReport.from_graph_module(lowered.graph_module)
-        # ExecuTorch memory-plans mutable buffers and leaves them uninitialized unless told
-        # otherwise: a counter or cache that starts non-zero would silently start from garbage.
-        from executorch.exir import ExecutorchBackendConfig
-        from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
-
-        sig = lowered.graph_signature
-        mutated = set(sig.buffers_to_mutate.values())
-        patterns = [ph for ph, buf in sig.inputs_to_buffers.items() if buf in mutated]
-        # A buffer updated at a few positions (a KV cache's rows) is written in place: ExecuTorch's
-        # reinplace pass turns the functional index_put into index_put_ on the buffer, where it
-        # would otherwise copy the whole buffer out and back every call.
-        config = ExecutorchBackendConfig(
-            passes=[InitializedMutableBufferPass(patterns)] if patterns else [],
-            run_reinplace_pass=bool(patterns),
-        )
         try:
-            et = edge.to_executorch(config)
+            et = edge.to_executorch(backend_config(lowered))
         except Exception as exc:
             raise self._diagnose(decomposed, exc, "serialization (to_executorch)") from exc
         path = staging / f"{name}.pte"
@@ -415,6 +401,25 @@ def _tagged(program: ExportedProgram, tag: str, on: bool) -> Iterator[None]:
             node.meta.get("custom", {}).pop("delegate_constant_tag", None)
 
 
+def backend_config(lowered: ExportedProgram) -> Any:
+    """The serialization config of a lowered program. ExecuTorch memory-plans mutable buffers and
+    leaves them uninitialized unless told otherwise: a counter or cache that starts non-zero
+    would silently start from garbage. A buffer updated at a few positions (a KV cache's rows)
+    is written in place: ExecuTorch's reinplace pass turns the functional index_put into
+    index_put_ on the buffer, where it would otherwise copy the whole buffer out and back every
+    call."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    sig = lowered.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    patterns = [ph for ph, buf in sig.inputs_to_buffers.items() if buf in mutated]
+    return ExecutorchBackendConfig(
+        passes=[InitializedMutableBufferPass(patterns)] if patterns else [],
+        run_reinplace_pass=bool(patterns),
+    )
+
+
 def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None = None) -> bytes:
     """Lower ``program`` with the XNNPACK partitioner and return the .pte bytes (the debug
     lowering of localization: no file, no ranges method, the same size-oblivious setting);
@@ -428,11 +433,12 @@ def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None
         pruned_backend_passes(),
         xnnpack_workarounds(),
         own_dicts(program),
+        pending_unbacked_kept(program),
     ):
         edge = to_edge_transform_and_lower(program, partitioner=[_xnnpack_partitioner()])
         if edit is not None:
             edit(edge)
-        buffer = edge.to_executorch().buffer
+        buffer = edge.to_executorch(backend_config(edge.exported_program())).buffer
     release_lowered_payloads(edge.exported_program().graph_module)  # see its docstring: a leak
     return buffer
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,15 @@ from torch.export import ExportedProgram
 
 from .localize import _program_args
 
-__all__ = ["LinearVerdict", "ForcedResult", "linear_taps", "teacher_forced", "FLIPS", "FLOAT_BUDGET"]
+__all__ = [
+    "LinearVerdict",
+    "ForcedResult",
+    "linear_taps",
+    "teacher_forced",
+    "initial_state",
+    "FLIPS",
+    "FLOAT_BUDGET",
+]
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -159,11 +167,16 @@ def _bound(
 
 
 def teacher_forced(
-    program: ExportedProgram, flat_inputs: Sequence[torch.Tensor], observed: Mapping[str, torch.Tensor]
+    program: ExportedProgram,
+    flat_inputs: Sequence[torch.Tensor],
+    observed: Mapping[str, torch.Tensor],
+    state: MutableMapping[str, torch.Tensor] | None = None,
 ) -> ForcedResult:
     """Run ``program`` with each node in ``observed`` (a file's values of the program's linears,
     by node name) replaced by the file's value once the program's own value on the file's
-    earlier values is judged against it."""
+    earlier values is judged against it. ``state``: the program's mutable buffers by name (a
+    cache inside the program), read as its buffers and updated with what the call writes, so
+    that a walk of calls carries the forced cache as the file carries its own."""
     verdicts: list[LinearVerdict] = []
     #: per dequantize node, the step it dequantizes with (read before the interpreter frees it)
     steps: dict[torch.fx.Node, torch.Tensor] = {}
@@ -210,10 +223,27 @@ def teacher_forced(
             return seen
 
     with torch.no_grad():
-        outs = _Forced(program.graph_module).run(*_program_args(program, flat_inputs))
+        outs = _Forced(program.graph_module).run(*_program_args(program, flat_inputs, state))
     flat_outs = outs if isinstance(outs, (list, tuple)) else (outs,)
+    if state is not None:
+        _carry(program, flat_outs, state)
     user = _user_outputs(program, flat_outs)
     return ForcedResult(tuple(verdicts), user)
+
+
+def _carry(program: ExportedProgram, outs: Sequence[Any], state: MutableMapping[str, torch.Tensor]) -> None:
+    """The buffers a call wrote, into ``state`` (a functional program returns them first)."""
+    from torch.export.graph_signature import OutputKind
+
+    for out, spec in zip(outs, program.graph_signature.output_specs, strict=False):
+        if spec.kind == OutputKind.BUFFER_MUTATION and isinstance(out, torch.Tensor) and spec.target:
+            state[spec.target] = out.detach()
+
+
+def initial_state(program: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Fresh copies of the buffers ``program`` writes (a cache before the first call)."""
+    written = set(program.graph_signature.buffers_to_mutate.values())
+    return {name: program.state_dict.get(name, program.constants.get(name)).clone() for name in written}
 
 
 def _user_outputs(program: ExportedProgram, outs: Sequence[Any]) -> tuple[torch.Tensor, ...]:

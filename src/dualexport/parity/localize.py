@@ -41,7 +41,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _program_args(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor]) -> list:
+def _program_args(
+    program: ExportedProgram,
+    flat_inputs: Sequence[torch.Tensor],
+    state: Mapping[str, torch.Tensor] | None = None,
+) -> list:
+    """The graph's flat arguments; ``state``: buffers by name that stand for the program's own
+    (a cache carried from call to call), taken as they are."""
     user = iter(flat_inputs)
     out = []
     for spec in program.graph_signature.input_specs:
@@ -49,6 +55,8 @@ def _program_args(program: ExportedProgram, flat_inputs: Sequence[torch.Tensor])
             out.append(next(user))
         elif spec.kind == InputKind.PARAMETER:
             out.append(program.state_dict[spec.target])
+        elif spec.kind == InputKind.BUFFER and state is not None and spec.target in state:
+            out.append(state[spec.target])
         elif spec.kind == InputKind.BUFFER:
             # a copy: the graph may update buffers in place, and the holder must not change
             buf = program.state_dict.get(spec.target, program.constants.get(spec.target))
@@ -208,8 +216,15 @@ class TappedXnnpack:
     ``intermediate_output_tap`` taps survive delegation."""
 
     def __init__(
-        self, decomposed: ExportedProgram, keep: Callable[[torch.fx.Node], bool] | None = None
+        self,
+        decomposed: ExportedProgram,
+        keep: Callable[[torch.fx.Node], bool] | None = None,
+        same_names: bool = False,
     ) -> None:
+        """``same_names``: the tapped copy is a copy of the graph with its nodes' names (a program
+        whose unbacked sizes a re-decomposition cannot trace again, as a runner program's cache
+        position), else a re-decomposition (its nodes named anew, traced to ``decomposed``'s by
+        provenance)."""
         from executorch.devtools.intermediate_output_tap import (
             FULL_TENSOR,
             select_all_call_function,
@@ -220,8 +235,13 @@ class TappedXnnpack:
 
         from ..exporters.xnnpack import lower_to_buffer, size_oblivious
 
-        with size_oblivious(), walk_cia_ops_once_per_change():
-            copy = decomposed.run_decompositions({})  # a new graph over the same tensors
+        if same_names:
+            from ..exporters.xnnpack_attention import copy_program
+
+            copy = copy_program(decomposed)
+        else:
+            with size_oblivious(), walk_cia_ops_once_per_change():
+                copy = decomposed.run_decompositions({})  # a new graph over the same tensors
         base = select_all_call_function()
         self.user_outputs = len(copy.graph_signature.user_outputs)
 
@@ -231,19 +251,25 @@ class TappedXnnpack:
         self.program, self.specs = tap_intermediate_outputs_(
             copy, rules=[(tensor_nodes, FULL_TENSOR)], error_on_empty=False
         )
+        # a tap's output index counts the program's mutation outputs, which the method does not
+        # return (a cache written in place)
+        sig = self.program.graph_signature
+        self._mutations = len(sig.buffers_to_mutate) + len(sig.user_inputs_to_mutate)
         # the loaded program reads the buffer in place: both live as long as the method
         self._buffer = lower_to_buffer(self.program, strip_taps_)
         self._loaded = Runtime.get().load_program(self._buffer)
         self.method = self._loaded.load_method("forward")
 
+    def reset(self) -> None:
+        """A fresh method: a program with mutable buffers (a cache) starts again from their
+        initial values."""
+        self.method = self._loaded.load_method("forward")
+
     def values(self, flat_inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every tap by node name; the copy's own outputs under ``"output:<i>"``."""
         outs = self.method.execute([t.contiguous() for t in flat_inputs])
-        values = {
-            s.node_name: outs[s.output_index]
-            for s in self.specs
-            if s.output_index < len(outs) and isinstance(outs[s.output_index], torch.Tensor)
-        }
+        at = [(s.node_name, s.output_index - self._mutations) for s in self.specs]
+        values = {name: outs[i] for name, i in at if 0 <= i < len(outs) and isinstance(outs[i], torch.Tensor)}
         for i in range(min(self.user_outputs, len(outs))):
             if isinstance(outs[i], torch.Tensor):
                 values[f"output:{i}"] = outs[i]

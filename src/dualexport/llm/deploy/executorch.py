@@ -241,12 +241,12 @@ def lower_runner_pte(
     options: Any,
     methods: Mapping[str, Any],
     fuse: bool = True,
-) -> tuple[Any, str]:
+) -> tuple[Any, str, ExportedProgram]:
     """Capture the runner program, decompose it as the XNNPACK target does (its pipeline of
     rewrites included) and lower it with the runner's constant methods; the file is
     ``staging/<name>.pte`` (and ``<name>.ptd`` when the weights go to a data file). Returns the
-    target's ``LoweredTarget`` and the attention it computes (``fuse``: ExecuTorch's LLM ops
-    where they compute the program's)."""
+    target's ``LoweredTarget``, the attention it computes (``fuse``: ExecuTorch's LLM ops
+    where they compute the program's) and the decomposed program it was lowered from."""
     from ...exporters.xnnpack import XnnpackExporter
 
     exporter = XnnpackExporter()
@@ -259,4 +259,4 @@ def lower_runner_pte(
     from ...runtimes.executorch import LLM_OPS_METHOD  # "use_sdpa_with_kv_cache": set here alone
 
     methods = {**methods, LLM_OPS_METHOD: attention == FUSED_ATTENTION}
-    return exporter.lower(decomposed, staging, name, options, methods=methods), attention
+    return exporter.lower(decomposed, staging, name, options, methods=methods), attention, decomposed

@@ -39,9 +39,9 @@ logger = logging.getLogger(__name__)
 CACHE_FOLDER = ".dualexport"
 #: Weights (bytes) from which the runner .pte keeps its XNNPACK weights in a ``.ptd`` beside it.
 PTE_DATA_FILE_ABOVE = 2 << 30
-#: A quantized program's runner files keep its own attention: each is held to the proven file of
-#: its target as the same graph and kernels (proof.py), which another attention kernel is not (a
-#: 1e-7 change of an activation moves int8 levels: 61 dB on a 2-layer decoder, 80 needed).
+#: A quantized program's genai file below accuracy level 4 keeps its own attention: it is held to
+#: the proven file as the same graph and kernels (proof.py), which another attention kernel is not
+#: (a 1e-7 change of an activation moves int8 levels: 61 dB on a 2-layer decoder, 80 needed).
 QUANTIZED_ATTENTION = "the program's own: a quantized program's runner file is proven kernel for kernel"
 #: The key each deploy file's failure is reported under in ``ExportResult.errors``.
 RUNNER_TARGETS = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
@@ -199,8 +199,9 @@ def _quantized(res: Any) -> bool:
 def _runner_pte(
     res: Any, layout: LlmLayout, staging: pathlib.Path, name: str, options: Any, bos: Any, eos: Any
 ) -> tuple[pathlib.Path, Any, str]:
-    from .executorch import lower_runner_pte, runner_methods
+    from .executorch import FUSED_ATTENTION, lower_runner_pte, runner_methods
     from .proof import prove_deploy_file
+    from .runner_proof import prove_runner_by_linears
 
     opts = options
     if opts.xnnpack_external_data is None:
@@ -212,7 +213,7 @@ def _runner_pte(
     reference, against = _reference(res, layout, "xnnpack", quantized)
 
     def attempt(fuse: bool) -> tuple[pathlib.Path, Any, str]:
-        lowered, attention = lower_runner_pte(
+        lowered, attention, decomposed = lower_runner_pte(
             res.program.exported_program,
             layout,
             staging,
@@ -222,13 +223,14 @@ def _runner_pte(
             fuse=fuse,
         )
         path = lowered.files[0]
+        if quantized and attention == FUSED_ATTENTION:  # another attention kernel: its own graph
+            proof = prove_runner_by_linears(path, decomposed, layout, res.program.exported_program)
+            return path, proof, attention
+        del decomposed
         return path, prove_deploy_file(path, "xnnpack", reference, against, layout, quantized), attention
 
-    if quantized:
-        path, proof, _ = attempt(fuse=False)
-        return path, proof, QUANTIZED_ATTENTION
-    # ExecuTorch's LLM attention ops for a float program; where that file fails (a kernel or a
-    # proof this model trips), the program's own attention, saying why
+    # ExecuTorch's LLM attention ops; where that file fails (a kernel or a proof this model
+    # trips), the program's own attention, saying why (a quantized one held to its proven file)
     return _fused_or_own("xnnpack", staging, name, attempt)
 
 
