@@ -15,7 +15,7 @@ def test_parse_input_spec() -> None:
     assert parse_input_spec("2x7:int64") == ((2, 7), "int64")
 
 
-def test_export_and_compare_dir(tmp_path: pathlib.Path) -> None:
+def test_export_and_compare_dir(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code = main(
         [
@@ -31,6 +31,10 @@ def test_export_and_compare_dir(tmp_path: pathlib.Path) -> None:
         ]
     )
     assert code == 0
+    # issue 51: each stage is said as it ends (a log, not a terminal: one line each)
+    printed = capsys.readouterr().out
+    for line in ("  capture: ", "  onnx: value proof: ", "  xnnpack: value proof: ", "  weight manifest: "):
+        assert line in printed, printed
     assert {"mlp.onnx", "mlp.pte", "mlp.weights.json", "mlp.parity.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "mlp.parity.json").read_text())["ok"] is True
     assert main(["compare", str(out), "--html", "--generate", "1"]) == 0

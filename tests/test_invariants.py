@@ -37,6 +37,25 @@ def convbn(tmp_path_factory: pytest.TempPathFactory) -> dx.ExportResult:
     return dx.export(ConvBN(), (torch.randn(1, 3, 8, 8),), out_dir=tmp_path_factory.mktemp("cb"), name="cb")
 
 
+def test_the_result_says_where_the_time_and_memory_went(convbn: dx.ExportResult) -> None:
+    """Issue 51: ``res.timings`` names each stage (capture, each target's decomposition,
+    lowering and value proof, the weight manifest, the re-export cache) with its wall seconds and
+    the process tree's peak PSS while it ran; the stages lie inside the export and each target's
+    stages in the order they run."""
+    names = [t.name for t in convbn.timings]
+    for target in ("onnx", "xnnpack"):
+        lower = next(n for n in names if n.startswith(f"{target}: lower"))
+        assert (
+            names.index(f"{target}: decompose") < names.index(lower) < names.index(f"{target}: value proof")
+        )
+    for name in ("capture", "reference outputs", "weight manifest", "re-export cache"):
+        assert name in names, names
+    total = convbn.seconds["total"]
+    assert all(0 <= t.seconds and t.started + t.seconds <= total + 1.0 for t in convbn.timings)
+    weights = sum(v.numel() * v.element_size() for v in convbn.program.state_dict.values()) / 2**20
+    assert all(t.peak_mb > weights for t in convbn.timings)  # at least the weights: a real reading
+
+
 def test_one_state_dict_and_no_copied_weights(convbn: dx.ExportResult) -> None:
     prog = convbn.program
     assert prog.state_dict is prog.exported_program.state_dict

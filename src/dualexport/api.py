@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ._stages import recording
 from .errors import DualExportError, InputError, typed_errors
 from .exporters import DelegationReport, ExportOptions, normalize_targets
 from .outputs import artifact_set, check_name, needed_bytes, prepare_out_dir
@@ -66,6 +67,9 @@ class ExportResult:
     #: ``dx.export_llm``'s deploy folder (``dualexport.llm.deploy.DeployFolder``): the files the
     #: runtimes' own LLM runners load; None for ``dx.export`` and ``export_llm(deploy=False)``
     deploy: Any = None
+    #: each stage's wall seconds and the process tree's peak memory while it ran
+    #: (``dualexport._stages.StageTiming``), in the order they ended
+    timings: tuple[Any, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -194,7 +198,10 @@ def _export(
     out = prepare_out_dir(out_dir)
     # One set: staged in tx.dir, committed together on a clean exit; an exception (strict=True
     # included) or a kill leaves the previous set as it was.
-    with artifact_set(out, name, need_bytes=needed_bytes(weight_bytes(model), len(targets))) as tx:
+    with (
+        recording() as timings,
+        artifact_set(out, name, need_bytes=needed_bytes(weight_bytes(model), len(targets))) as tx,
+    ):
         done = export_set(
             model,
             args,
@@ -223,6 +230,7 @@ def _export(
         tx.out_dir,
         name,
         done.seconds,
+        timings=tuple(timings),
     )
 
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .display import console, print_export, print_parity, print_weights
+from .display import StageProgress, console, print_export, print_parity, print_weights
 from .errors import DualExportError, InputError, InternalError, ParityError, UserError, WeightMismatchError
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def _cmd_export(ns: argparse.Namespace) -> int:
     source, args, dynamic = _export_source(ns)
     calibration = _calibration(ns, source, args)
     transforms = [load_callable(ref) for ref in ns.transform]
-    with out.status(f"exporting {ns.model} to {ns.target} ..."):
+    with StageProgress(out, f"exporting {ns.model} to {ns.target}"):
         res = api.export(
             source,
             args,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .display import console, print_delegation, print_weights
+from .display import StageProgress, console, print_delegation, print_timings, print_weights
 from .errors import InputError, WeightMismatchError
 
 __all__ = ["add_llm_commands"]
@@ -85,7 +85,7 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
 
     out = console()
     model = load_decoder(ns.model, seed=ns.seed, attention=ns.attention)
-    with out.status(f"exporting {ns.model} (max_seq_len {ns.max_seq_len}) to {ns.target} ..."):
+    with StageProgress(out, f"exporting {ns.model} (max_seq_len {ns.max_seq_len}) to {ns.target}"):
         res = export_llm(
             model,
             max_seq_len=ns.max_seq_len,
@@ -98,6 +98,7 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
             deploy=not ns.no_deploy,
             tokenizer=_tokenizer_source(ns) if not ns.no_deploy else None,
         )
+    print_timings(out, res.timings)
     for t, art in res.artifacts.items():
         out.print(f"[green]{t}[/]: {art.path} ({art.seconds:.1f} s)")
     for t, err in res.errors.items():

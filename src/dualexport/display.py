@@ -168,6 +168,74 @@ def export_result_html(res: Any) -> str:
     return "\n".join(parts) + "</div>"
 
 
+class StageProgress:
+    """An export's live progress: a row per stage as it starts (a spinner and the elapsed time),
+    ticked off with its seconds and the process tree's peak memory as it ends
+    (``dualexport._stages``), so that a long export never looks hung. On a terminal that is not
+    interactive (a CI log) each stage is one line as it ends."""
+
+    def __init__(self, console: Any, title: str) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.title = title
+        self.live = bool(getattr(console, "is_terminal", False))
+        self.progress = Progress(
+            SpinnerColumn(finished_text="[green]done[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[peak]}", style="dim"),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, Any] = {}
+        self._listening: Any = None
+
+    def __enter__(self) -> StageProgress:
+        from ._stages import listening
+
+        self.console.print(self.title)
+        if self.live:
+            self.progress.__enter__()
+        self._listening = listening(self)
+        self._listening.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listening.__exit__(*exc)
+        if self.live:
+            self.progress.__exit__(*exc)  # type: ignore[arg-type]
+
+    def __call__(self, name: str, timing: Any) -> None:
+        peak = "" if timing is None or not timing.peak_mb else f"peak {timing.peak_mb / 1024:.2f} GB"
+        if not self.live:
+            if timing is not None:
+                self.console.print(f"  {name}: {timing.seconds:.1f} s{', ' + peak if peak else ''}")
+            return
+        if timing is None:
+            self.tasks[name] = self.progress.add_task(name, total=1, peak="")
+            return
+        task = self.tasks.pop(name, None)
+        if task is None:
+            task = self.progress.add_task(name, total=1, peak="")
+        self.progress.update(task, completed=1, peak=peak)
+        self.progress.stop_task(task)
+
+
+def print_timings(console: Any, timings: Any) -> None:
+    """Each stage of an export: wall seconds and the peak memory of the process tree."""
+    from rich.table import Table
+
+    if not timings:
+        return
+    table = Table(title="where the time and memory went")
+    for col in ("stage", "seconds", "peak memory (GB)"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for t in timings:
+        table.add_row(t.name, f"{t.seconds:.1f}", f"{t.peak_mb / 1024:.2f}" if t.peak_mb else "-")
+    console.print(table)
+
+
 class BatchProgress:
     """A batch's live progress: a bar of entries done, how many run and failed, the elapsed time
     and the ETA, and the phase each running entry is in. Callable with each ``BatchEvent``."""

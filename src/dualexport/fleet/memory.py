@@ -12,45 +12,9 @@ import threading
 import time
 from types import TracebackType
 
+from .._memory import pss_mb, tree, tree_pss_mb
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-    except OSError:
-        pass
-    return out
-
-
-def tree(pid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
-    """``pid`` and every descendant alive now, leaving out the subtrees rooted at ``exclude``."""
-    seen: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        if p not in exclude:
-            seen.append(p)
-            todo.extend(_children(p))
-    return seen
-
-
-def pss_mb(pid: int) -> float:
-    """PSS of one process in MB (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def tree_pss_mb(pid: int, exclude: frozenset[int] = frozenset()) -> float:
-    """PSS of ``pid`` and its descendants, in MB, leaving out the subtrees rooted at ``exclude``."""
-    return sum(pss_mb(p) for p in tree(pid, exclude))
+__all__ = ["TreeSampler", "pss_mb", "tree", "tree_pss_mb"]
 
 
 class TreeSampler:

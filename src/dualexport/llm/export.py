@@ -9,6 +9,7 @@ dynamic dim, and asks each file to record the cache layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pathlib
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._stages import recording, stage
 from ..errors import CaptureError, DualExportError, InputError, typed_errors
 from ..exporters import ExportOptions
 from .deploy.folder import CACHE_FOLDER
@@ -101,21 +103,22 @@ def export_llm(
             from .deploy.tokenizer import resolve_tokenizer
 
             tok = resolve_tokenizer(tokenizer, source, resolved)
-        res = _export_llm(
-            resolved,
-            label,
-            max_seq_len=max_seq_len,
-            out_dir=folder / CACHE_FOLDER if deploy else folder,
-            name=name,
-            target=target,
-            quantize=quantize,
-            strict=strict,
-            optimize=optimize,
-            options=options,
-        )
-        if not deploy:
-            return res
-        return _with_deploy_folder(res, resolved, tok, folder, name, options, quantize)
+        with recording() as timings:
+            res = _export_llm(
+                resolved,
+                label,
+                max_seq_len=max_seq_len,
+                out_dir=folder / CACHE_FOLDER if deploy else folder,
+                name=name,
+                target=target,
+                quantize=quantize,
+                strict=strict,
+                optimize=optimize,
+                options=options,
+            )
+            if deploy:
+                res = _with_deploy_folder(res, resolved, tok, folder, name, options, quantize)
+        return dataclasses.replace(res, timings=tuple(timings))
 
 
 def _with_deploy_folder(
@@ -129,8 +132,6 @@ def _with_deploy_folder(
 ) -> Any:
     """``res`` with its deploy folder written (see ``export_llm``); a deploy file that failed
     is one more error of the result."""
-    import dataclasses
-
     from .deploy import write_deploy_folder
     from .layout import read_layout
 
@@ -169,21 +170,23 @@ def _export_llm(
     was_training = model.training
     model.eval()
     try:
-        layout = probe_layout(model, max_seq_len, label or type(model).__name__)
+        with stage("decoder layout probe"):
+            layout = probe_layout(model, max_seq_len, label or type(model).__name__)
         args = example_inputs(layout)
         logger.info("decoder layout: %s", layout)
         attention = exported_attention(model) if optimize else contextlib.nullcontext()
         transforms = _decoder_transforms(optimize, scheme)
         with torch.no_grad(), attention:
             step = past_step(layout.max_seq_len) if optimize else 0
-            if optimize:
-                wrapper = _rows_or_dense(
-                    model, layout.with_past_step(step), args, label or type(model).__name__
-                )
-            else:
-                wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
-                prefill = _dry_run(wrapper, args, label or type(model).__name__)
-                _check_against_model(model, wrapper, prefill, args, layout, label or type(model).__name__)
+            with stage("eager checks (cache layout)"):
+                if optimize:
+                    wrapper = _rows_or_dense(
+                        model, layout.with_past_step(step), args, label or type(model).__name__
+                    )
+                else:
+                    wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
+                    prefill = _dry_run(wrapper, args, label or type(model).__name__)
+                    _check_against_model(model, wrapper, prefill, args, layout, label or type(model).__name__)
 
             def export(wrapped: DecoderWithCache, step: int) -> Any:
                 kind = "rows" if wrapped.mode == "rows" else "explicit"
@@ -449,7 +452,6 @@ def _quantized_opset(options: ExportOptions) -> ExportOptions:
     and, unless the options say, ``MatMulNBits`` at accuracy level 4: ONNX Runtime's own int8
     kernel, what onnxruntime-genai's builder writes and its sessions run (2.7x a level-0 linear;
     the .onnx is proven against the program with the kernel's activation quantization)."""
-    import dataclasses
 
     from ..exporters.onnx_quant import MIN_OPSET
 
@@ -466,7 +468,6 @@ def _quantized_opset(options: ExportOptions) -> ExportOptions:
 
 
 def _with_metadata(options: ExportOptions, extra: tuple[tuple[str, str], ...]) -> ExportOptions:
-    import dataclasses
 
     keys = {k for k, _ in extra}
     kept = tuple((k, v) for k, v in options.file_metadata if k not in keys)

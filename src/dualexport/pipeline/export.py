@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._stages import stage
 from ..errors import typed_errors
 from ..exporters import ExportOptions, get_exporter
 from ..exporters.cache import link_previous_files, previous_manifest, target_cache_key
@@ -78,20 +79,24 @@ def _capture(
     """Trace once; then the user's transforms, quantization, and dualexport's shared passes
     (canonicalizations and constant folding run last, on the program both targets get). A given
     ExportedProgram is taken as the shared program, not traced again."""
-    if isinstance(model, torch.export.ExportedProgram):
-        shared = SharedProgram.from_program(model, args, kwargs)
-    else:
-        assert args is not None  # validate_export_request refuses a module without args
-        shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
+    with stage("capture"):
+        if isinstance(model, torch.export.ExportedProgram):
+            shared = SharedProgram.from_program(model, args, kwargs)
+        else:
+            assert args is not None  # validate_export_request refuses a module without args
+            shared = SharedProgram.capture(model, args, kwargs, dynamic_shapes)
     if transforms:
-        shared.apply_transforms(transforms)
+        with stage("transforms"):
+            shared.apply_transforms(transforms)
     if quantize is not None:
         from ..shared_state.quantize import quantize_shared
 
-        quantize_shared(shared, quantize, calibration, targets=targets)
+        with stage("quantization"):
+            quantize_shared(shared, quantize, calibration, targets=targets)
     passes = shared_passes(options)
     if passes:
-        shared.apply_passes(passes)
+        with stage("shared passes"):
+            shared.apply_passes(passes)
     shared.weight_digests()  # the baseline every pin compares with
     return shared
 
@@ -156,7 +161,8 @@ def export_set(
     previous = Previous(previous_dir, prev_manifest) if previous_dir and prev_manifest else None
     program = shared.exported_program
     example = flatten_inputs(program, shared.example_args, shared.example_kwargs)
-    reference = reference_sets(shared, example, edge_sizes(program))
+    with stage("reference outputs"):
+        reference = reference_sets(shared, example, edge_sizes(program))
     jobs = {
         t: TargetJob(
             shared,
@@ -179,10 +185,11 @@ def export_set(
         from .bundles import write_bundles
 
         bundles = write_bundles(shared, published, set_dir, name, example)
-    manifest = build_manifest(shared, published, keys, previous, name, fp, options, bundles)
+    with stage("weight manifest"):
+        manifest = build_manifest(shared, published, keys, previous, name, fp, options, bundles)
     if published:
         reused = _link_previous_program(shared, previous, published, fp, set_dir, name)
-        with typed_errors("writing the re-export cache and side files"):
+        with stage("re-export cache"), typed_errors("writing the re-export cache and side files"):
             _write_side_files(shared, manifest, published, set_dir, name, example, program_linked=reused)
     for problem in manifest.problems():
         logger.warning("weight manifest: %s", problem)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._memory import release_memory
+from .._stages import stage
 from ..errors import DualExportError, InternalError, OnnxLoweringError, XnnpackLoweringError
 from ..exporters import DelegationReport, ExportOptions, LoweredTarget, get_exporter
 from ..exporters.base import unsupported_dtype_node
@@ -141,6 +142,8 @@ class TargetJob:
         self._staged: _Staged | None = None
         self._lower: Callable[[], _Lowering] | None = None
         self._forked: ForkedCall[_Lowering] | None = None
+        #: the forked lowering's stage, open from the fork to its result
+        self._lowering = contextlib.ExitStack()
         self._approximated: Reference | None = None
         #: the program ``_approximated`` is of, when not the shared program
         self._approximation: Any = None
@@ -171,7 +174,8 @@ class TargetJob:
             return
         try:
             self._refuse_dtypes()
-            decomposed = self.shared.decompose(self.target, self._decompose)
+            with stage(f"{self.target}: decompose"):
+                decomposed = self.shared.decompose(self.target, self._decompose)
             self._decomposed = decomposed
             holder_ids = {id(t) for t in holder_tensors(self.shared.exported_program).values()}
             exporter, staging, target = self.exporter, self._staging, self.target
@@ -198,6 +202,8 @@ class TargetJob:
                 return _summarize(lowered, holder_ids)
 
             self._lower = lower
+            if fork:  # the stage runs from the fork to its result, beside the other target's work
+                self._lowering.enter_context(stage(f"{target}: lower (forked)"))
             self._forked = ForkedCall(lower, label=target) if fork else None
         except Exception as exc:  # an interrupt propagates (see prepare)
             self._error = exc
@@ -216,6 +222,7 @@ class TargetJob:
                     outcome = self._complete()
                 return self._stage(outcome)
             finally:
+                self._lowering.close()
                 self._staging_ctx.close()
         except DualExportError as exc:
             logger.error("%s", exc)
@@ -239,6 +246,7 @@ class TargetJob:
         self._done = True
         if self._forked is not None:
             self._forked.cancel()
+        self._lowering.close()
         with contextlib.suppress(Exception):
             self._pin_ctx.close()
         self._staging_ctx.close()
@@ -363,13 +371,14 @@ class TargetJob:
 
     # ------------------------------------------------------------------- complete, stage
     def _prove(self, path: pathlib.Path) -> Proof:
-        reference = self._proof_reference()
-        # a quantized program's file is judged linear by linear against what it computes: the
-        # shared program, or the target's approximation of it (a kernel's own quantization)
-        shared = self.shared.exported_program
-        program = shared if self._approximation is None else self._approximation
-        forced = forced_stage(self.target, program, self._decomposed, shared)
-        return prove_file(self.target, path, self._specs, reference, forced)
+        with stage(f"{self.target}: value proof"):
+            reference = self._proof_reference()
+            # a quantized program's file is judged linear by linear against what it computes:
+            # the shared program, or the target's approximation of it (a kernel's quantization)
+            shared = self.shared.exported_program
+            program = shared if self._approximation is None else self._approximation
+            forced = forced_stage(self.target, program, self._decomposed, shared)
+            return prove_file(self.target, path, self._specs, reference, forced)
 
     def _proof_reference(self) -> Reference:
         """The shared program's outputs, or those of the approximation the options ask this
@@ -422,7 +431,12 @@ class TargetJob:
             )
         assert self._lower is not None
         forked = self._forked
-        lowered = (forked.result() if forked is not None else None) or self._lower()
+        if forked is not None:
+            with self._lowering:
+                lowered = forked.result() or self._lower()
+        else:
+            with stage(f"{self.target}: lower"):
+                lowered = self._lower()
         if weight_bytes(self.shared.exported_program) >= RELEASE_MEMORY_ABOVE:
             release_memory()  # the lowering's garbage must not stack under the smoke runs
         if lowered.kept_not_shared:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._stages import stage
 from ...errors import DualExportError
 from ..layout import LlmLayout
 
@@ -43,6 +44,8 @@ PTE_DATA_FILE_ABOVE = 2 << 30
 #: the proven file as the same graph and kernels (proof.py), which another attention kernel is not
 #: (a 1e-7 change of an activation moves int8 levels: 61 dB on a 2-layer decoder, 80 needed).
 QUANTIZED_ATTENTION = "the program's own: a quantized program's runner file is proven kernel for kernel"
+#: Each runner file, as its stage is named.
+RUNNER_FILES = {"xnnpack": "the runner .pte", "onnx": "the onnxruntime-genai .onnx"}
 #: The key each deploy file's failure is reported under in ``ExportResult.errors``.
 RUNNER_TARGETS = {"xnnpack": "xnnpack:runner", "onnx": "onnx:genai"}
 
@@ -126,16 +129,14 @@ def _write(
                 continue
             start = time.perf_counter()
             try:
-                if target == "xnnpack":
-                    roles["pte"], proofs[target], attention[target] = _runner_pte(
-                        res, layout, staging, name, options, bos, eos
-                    )
+                with stage(f"deploy: {RUNNER_FILES[target]}"):
+                    made = _made(target, res, layout, staging, name, model, options, (bos, eos, pad))
+                if made is None:
+                    skipped[target] = "the decoder needs the whole-cache program (see the log)"
+                elif target == "xnnpack":
+                    roles["pte"], proofs[target], attention[target] = made
                 else:
-                    made = _genai(res, layout, staging, name, model, options, (bos, eos, pad))
-                    if made is None:
-                        skipped[target] = "the decoder needs the whole-cache program (see the log)"
-                    else:
-                        roles["onnx"], roles["genai_config"], proofs[target], attention[target] = made
+                    roles["onnx"], roles["genai_config"], proofs[target], attention[target] = made
             except Exception as exc:  # one runner file failing leaves the other and the explicit files
                 error = exc if isinstance(exc, DualExportError) else _internal(target, exc)
                 logger.warning("the %s deploy file was not published: %s", target, error.message)
@@ -164,6 +165,22 @@ def _write(
         seconds=seconds,
         attention=attention,
     )
+
+
+def _made(
+    target: str,
+    res: Any,
+    layout: LlmLayout,
+    staging: pathlib.Path,
+    name: str,
+    model: Any,
+    options: Any,
+    special: tuple[Any, Any, Any],
+) -> Any:
+    """The runner file of ``target``, proven (None: the genai file needs the rows program)."""
+    if target == "xnnpack":
+        return _runner_pte(res, layout, staging, name, options, special[0], special[1])
+    return _genai(res, layout, staging, name, model, options, special)
 
 
 def _internal(target: str, exc: BaseException) -> DualExportError:

@@ -1,0 +1,134 @@
+"""Where an export's time and memory go: each stage's wall seconds and the peak memory of the
+process tree while it ran.
+
+Why: a 1B decoder takes minutes and most of a machine's memory; a user must see which stage is
+running (the CLI draws a row per stage as it starts and ends) and the result must say what each
+stage cost (``ExportResult.timings``), or an export that takes long looks hung and one that takes
+much cannot be fixed. Memory is the tree's PSS (``_memory.tree_pss_mb``: a forked lowering's
+pages shared with the parent counted once), sampled in a thread while anything records.
+
+``recording()`` collects the stages run inside it (nested recordings each get theirs, the outer
+one all of them); ``stage(name)`` times one; ``listening(callback)`` tells a view of each start
+and end. Outside a recording ``stage`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ._memory import tree_pss_mb
+
+__all__ = ["StageTiming", "recording", "stage", "listening", "SAMPLE_SECONDS"]
+
+#: How often the tree's memory is read while a recording is on.
+SAMPLE_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """One stage: its name (``"capture"``, ``"xnnpack: lower"``, ...), wall seconds, and the peak
+    PSS of the process tree (MB) while it ran; ``started``: seconds after the recording began."""
+
+    name: str
+    seconds: float
+    peak_mb: float
+    started: float
+
+
+class _Sampler:
+    """The tree's PSS every :data:`SAMPLE_SECONDS`, kept as (time, MB) while a recording is on."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._run, name="dualexport-memory", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(SAMPLE_SECONDS)
+
+    def sample(self) -> None:
+        self.samples.append((time.perf_counter(), tree_pss_mb(self._pid)))
+
+    def peak(self, start: float, end: float) -> float:
+        inside = [mb for t, mb in self.samples if start <= t <= end]
+        return max(inside, default=0.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _Recording:
+    def __init__(self, origin: float) -> None:
+        self.origin = origin
+        self.timings: list[StageTiming] = []
+
+
+_LOCK = threading.Lock()
+_RECORDINGS: list[_Recording] = []
+_LISTENERS: list[Callable[[str, StageTiming | None], None]] = []
+_SAMPLER: list[_Sampler] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[StageTiming]]:
+    """Collect the stages run in the block into the list it yields (filled as they end)."""
+    rec = _Recording(time.perf_counter())
+    with _LOCK:
+        _RECORDINGS.append(rec)
+        if not _SAMPLER and os.path.isdir("/proc"):
+            _SAMPLER.append(_Sampler())
+    try:
+        yield rec.timings
+    finally:
+        with _LOCK:
+            _RECORDINGS.remove(rec)
+            sampler = _SAMPLER.pop() if not _RECORDINGS and _SAMPLER else None
+        if sampler is not None:
+            sampler.stop()
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Time the block as stage ``name`` for every recording that is on (nothing when none is)."""
+    if not _RECORDINGS:
+        yield
+        return
+    for listener in list(_LISTENERS):
+        listener(name, None)
+    sampler = _SAMPLER[0] if _SAMPLER else None
+    if sampler is not None:
+        sampler.sample()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        end = time.perf_counter()
+        if sampler is not None:
+            sampler.sample()
+        peak = sampler.peak(start, time.perf_counter()) if sampler is not None else 0.0
+        outer = _RECORDINGS[0].origin if _RECORDINGS else start
+        timing = StageTiming(name, end - start, peak, start - outer)
+        for rec in list(_RECORDINGS):
+            rec.timings.append(timing)
+        for listener in list(_LISTENERS):
+            listener(name, timing)
+
+
+@contextlib.contextmanager
+def listening(callback: Callable[[str, StageTiming | None], None]) -> Iterator[None]:
+    """``callback(name, None)`` as each stage starts and ``callback(name, timing)`` as it ends."""
+    _LISTENERS.append(callback)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(callback)
