@@ -774,6 +774,8 @@ def test_a_quantized_runner_pte_attends_with_executorchs_ops_proven_linear_by_li
     assert folder.attention["xnnpack"] == FUSED_ATTENTION, folder.attention
     proof = folder.proofs["xnnpack"]
     assert proof.against == AGAINST and [w.calls for w in proof.walks] == [5, 5, 2], proof
+    assert proof.worst_linear is not None and proof.worst_linear <= 1.0, proof
+    assert proof.describe().startswith("every linear within its bound")
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
     assert report.ok and "xnnpack:runner" in report.to_markdown(), report.to_markdown()
 

@@ -25,8 +25,10 @@ from ._memory import tree_pss_mb
 
 __all__ = ["StageTiming", "recording", "stage", "listening", "SAMPLE_SECONDS"]
 
-#: How often the tree's memory is read while a recording is on.
+#: How often the tree's memory is read while a recording is on (at least).
 SAMPLE_SECONDS = 0.25
+#: The sampler waits this many times as long as a reading took (a few percent of a core at most).
+SAMPLE_SHARE = 20
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,10 @@ class _Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            t = time.perf_counter()
             self.sample()
-            self._stop.wait(SAMPLE_SECONDS)
+            # reading a large process's smaps costs milliseconds: at most 1/SAMPLE_SHARE of a core
+            self._stop.wait(max(SAMPLE_SECONDS, (time.perf_counter() - t) * SAMPLE_SHARE))
 
     def sample(self) -> None:
         self.samples.append((time.perf_counter(), tree_pss_mb(self._pid)))

@@ -67,7 +67,7 @@ def _print_deploy(out: Any, deploy: Any) -> None:
         took = deploy.seconds.get(RUNNER_TARGETS.get(target, target))
         out.print(
             f"[green]{target}[/] (runner file): {proof.file}, proven against {proof.against} on "
-            f"{len(proof.walks)} generation walks (worst SNR {proof.worst_snr_db:.1f} dB)"
+            f"{len(proof.walks)} generation walks ({proof.describe()})"
             + (f" ({took:.1f} s)" if took is not None else "")
         )
         attention = deploy.attention.get(target)

@@ -78,10 +78,14 @@ def walks(layout: LlmLayout) -> tuple[Walk, ...]:
 
 @dataclass(frozen=True)
 class WalkCheck:
+    """One walk's worst agreement; ``worst_linear``: the worst linear's ratio to its bound when
+    the file was proven linear by linear (runner_proof.py), else None."""
+
     walk: str
     calls: int
     max_abs: float
     snr_db: float
+    worst_linear: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,17 @@ class DeployProof:
     @property
     def worst_snr_db(self) -> float:
         return min((w.snr_db for w in self.walks), default=float("inf"))
+
+    @property
+    def worst_linear(self) -> float | None:
+        ratios = [w.worst_linear for w in self.walks if w.worst_linear is not None]
+        return max(ratios) if ratios else None
+
+    def describe(self) -> str:
+        """The worst agreement, as the proof judged it."""
+        if self.worst_linear is not None:
+            return f"every linear within its bound, worst at {self.worst_linear:.2f}x"
+        return f"worst SNR {self.worst_snr_db:.1f} dB"
 
 
 def drive(session: Any, tokens: Sequence[int], prompt: int) -> list[torch.Tensor]:

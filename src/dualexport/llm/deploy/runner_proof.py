@@ -123,7 +123,7 @@ def prove_runner_by_linears(
             linears,
             ratio,
         )
-        checks.append(WalkCheck(walk.label, len(calls), worst_abs, worst_snr))
+        checks.append(WalkCheck(walk.label, len(calls), worst_abs, worst_snr, ratio))
     return DeployProof(path.name, AGAINST, tuple(checks))
 
 
