@@ -49,22 +49,31 @@ class _Sampler:
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._pid = os.getpid()
+        self.sample()  # one reading before any stage can end
         self._thread = threading.Thread(target=self._run, name="dualexport-memory", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        took = 0.0
+        # reading a large process's smaps costs milliseconds: at most 1/SAMPLE_SHARE of a core
+        while not self._stop.wait(max(SAMPLE_SECONDS, took * SAMPLE_SHARE)):
             t = time.perf_counter()
             self.sample()
-            # reading a large process's smaps costs milliseconds: at most 1/SAMPLE_SHARE of a core
-            self._stop.wait(max(SAMPLE_SECONDS, (time.perf_counter() - t) * SAMPLE_SHARE))
+            took = time.perf_counter() - t
 
     def sample(self) -> None:
         self.samples.append((time.perf_counter(), tree_pss_mb(self._pid)))
 
     def peak(self, start: float, end: float) -> float:
-        inside = [mb for t, mb in self.samples if start <= t <= end]
-        return max(inside, default=0.0)
+        """The largest reading in ``[start, end]``; for a stage shorter than a sampling period,
+        the reading just before it ended (stages read nothing themselves: an export has dozens
+        and a reading of a large tree costs milliseconds)."""
+        samples = list(self.samples)
+        inside = [mb for t, mb in samples if start <= t <= end]
+        if inside:
+            return max(inside)
+        before = [mb for t, mb in samples if t <= end]
+        return before[-1] if before else 0.0
 
     def stop(self) -> None:
         self._stop.set()
@@ -110,16 +119,12 @@ def stage(name: str) -> Iterator[None]:
     for listener in list(_LISTENERS):
         listener(name, None)
     sampler = _SAMPLER[0] if _SAMPLER else None
-    if sampler is not None:
-        sampler.sample()
     start = time.perf_counter()
     try:
         yield
     finally:
         end = time.perf_counter()
-        if sampler is not None:
-            sampler.sample()
-        peak = sampler.peak(start, time.perf_counter()) if sampler is not None else 0.0
+        peak = sampler.peak(start, end) if sampler is not None else 0.0
         outer = _RECORDINGS[0].origin if _RECORDINGS else start
         timing = StageTiming(name, end - start, peak, start - outer)
         for rec in list(_RECORDINGS):
