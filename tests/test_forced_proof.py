@@ -220,6 +220,31 @@ def test_a_stateful_program_lowers_twice_and_each_tap_is_its_own_node_call_after
     assert bool(written[:3].abs().sum(dim=1).gt(0).all()) and float(written[3].abs().sum()) == 0.0
 
 
+def stale_decomposition(monkeypatch: pytest.MonkeyPatch, edit: Any = None) -> list[str]:
+    """Make the XNNPACK decomposition hand back a state_dict holding a copy of one ``up_proj``
+    int4 scale tensor (the stale copy of the first public bug), edited in place by ``edit``;
+    the returned list receives the copied weight's name at each decomposition."""
+    from dualexport.compat.torch import set_weight_dicts
+    from dualexport.exporters.xnnpack import XnnpackExporter
+
+    decompose = XnnpackExporter.decompose
+    copied: list[str] = []
+
+    def stale(self: Any, program: Any, options: Any = None) -> Any:
+        dec = decompose(self, program, options)
+        name = next(k for k in dec.state_dict if ".mlp.up_proj." in k and k.endswith("int4_scales"))
+        state = dict(dec.state_dict)
+        state[name] = state[name].clone()
+        if edit is not None:
+            edit(state[name])
+        set_weight_dicts(dec, state_dict=state)
+        copied.append(name)
+        return dec
+
+    monkeypatch.setattr(XnnpackExporter, "decompose", stale)
+    return copied
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", ["scale doubled", "codes transposed"])
 def test_a_defect_planted_in_the_onnx_file_is_refused_with_its_layer(
@@ -255,29 +280,18 @@ def test_a_stale_block_in_the_pte_program_is_refused_with_its_layer(
     """The XNNPACK decomposition hands back a state_dict whose one block scale is a doubled copy
     (the stale copy of the first public bug): the .pte computes it, and the proof names the layer."""
     import dualexport as dx
-    from dualexport.compat.torch import set_weight_dicts
-    from dualexport.exporters.xnnpack import XnnpackExporter
     from test_llm import make_model
 
-    decompose = XnnpackExporter.decompose
-    planted_in: list[str] = []
+    def doubled(scales: torch.Tensor) -> None:
+        scales[3, 1] *= 2.0
 
-    def stale(self: Any, program: Any, options: Any = None) -> Any:
-        dec = decompose(self, program, options)
-        name = next(k for k in dec.state_dict if ".mlp.up_proj." in k and k.endswith("int4_scales"))
-        copy = dict(dec.state_dict)
-        copy[name] = copy[name].clone()
-        copy[name][3, 1] *= 2.0
-        set_weight_dicts(dec, state_dict=copy)
-        planted_in.append(name.rsplit(".int4", 1)[0])
-        return dec
-
-    monkeypatch.setattr(XnnpackExporter, "decompose", stale)
+    copied = stale_decomposition(monkeypatch, doubled)
     res = dx.export_llm(
         make_model("llama"), max_seq_len=32, out_dir=tmp_path, quantize="int4", target="xnnpack"
     )
-    assert not res.ok and planted_in
+    assert not res.ok and copied
+    planted_in = copied[0].rsplit(".int4", 1)[0]
     message = str(res.errors["xnnpack"])
     print(message)
-    assert f"linear model.{planted_in[0]}" in message or planted_in[0] in message, message
+    assert f"linear model.{planted_in}" in message or planted_in in message, message
     assert not list(tmp_path.glob("*.pte"))

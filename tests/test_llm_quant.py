@@ -760,10 +760,10 @@ def test_a_quantized_runner_pte_attends_with_executorchs_ops_proven_linear_by_li
     generates what the quantized program generates (margin-aware); a runner program whose
     decomposition hands back a copy of one weight (the first public bug) is refused, naming it."""
     from dualexport.errors import ProofMismatchError
-    from dualexport.exporters.xnnpack import XnnpackExporter
     from dualexport.llm.deploy.executorch import FUSED_ATTENTION, lower_runner_pte, runner_methods
     from dualexport.llm.deploy.runner_proof import AGAINST, prove_runner_by_linears
     from dualexport.llm.layout import read_layout
+    from test_forced_proof import stale_decomposition
 
     model = make_model("llama")
     res = dx.export_llm(
@@ -779,21 +779,7 @@ def test_a_quantized_runner_pte_attends_with_executorchs_ops_proven_linear_by_li
     report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)
     assert report.ok and "xnnpack:runner" in report.to_markdown(), report.to_markdown()
 
-    decompose = XnnpackExporter.decompose
-    copied: list[str] = []
-
-    def stale(self: Any, program: Any, options: Any = None) -> Any:
-        from dualexport.compat.torch import set_weight_dicts
-
-        dec = decompose(self, program, options)
-        name = next(k for k in dec.state_dict if ".mlp.up_proj." in k and k.endswith("int4_scales"))
-        state = dict(dec.state_dict)
-        state[name] = state[name].clone()
-        set_weight_dicts(dec, state_dict=state)
-        copied.append(name)
-        return dec
-
-    monkeypatch.setattr(XnnpackExporter, "decompose", stale)
+    copied = stale_decomposition(monkeypatch)  # an equal copy: not the shared tensor all the same
     program = res.program.exported_program
     layout = read_layout(pathlib.Path(res.artifacts["xnnpack"].path))
     staging = tmp_path / "stale"

@@ -266,20 +266,15 @@ def backed_size_oblivious() -> Iterator[None]:
 
 
 @contextmanager
-def pending_unbacked_kept(program: torch.export.ExportedProgram) -> Iterator[None]:
-    """The unbacked sizes pending in ``program``'s shape env as they were before the block.
+def pending_unbacked_kept(env: Any) -> Iterator[None]:
+    """The unbacked sizes pending in the shape env ``env`` (None: a static program) as they were
+    before the block.
 
     Why: a lowering traces the program again (ExecuTorch's edge decomposition), and each
     data-dependent size of that trace (a runner program's ``cache_position[0].item()``) is left
     pending in the program's own shape env once the traced graph is done with it; the next trace
     of the same program (its tapped lowering) then fails on them (``PendingUnbackedSymbolNotFound``,
     torch 2.13)."""
-    env = None
-    for node in program.graph.nodes:
-        val = node.meta.get("val")
-        env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
-        if env is not None:
-            break
     before = list(env.pending_fresh_unbacked_symbols) if env is not None else []
     try:
         yield

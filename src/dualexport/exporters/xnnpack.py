@@ -27,6 +27,7 @@ from ..shared_state.contract import (
     input_specs,
 )
 from ..shared_state.dispatch_walk import walk_cia_ops_once_per_change
+from ..shared_state.fingerprint import find_shape_env
 from ..shared_state.nodes import describe_node, op_name, unused_weight_notes, weight_placeholders
 from ..shared_state.passes.graph_edit import drop_dead_constants
 from .backend_passes import pruned_backend_passes
@@ -295,7 +296,7 @@ class XnnpackExporter:
             walk_cia_ops_once_per_change(),
             xnnpack_workarounds(),
             own_dicts(decomposed),
-            pending_unbacked_kept(decomposed),
+            pending_unbacked_kept(find_shape_env(decomposed)),
         ):
             return self._lower(decomposed, staging, name, options, methods or {})
 
@@ -433,7 +434,7 @@ def lower_to_buffer(program: ExportedProgram, edit: Callable[[Any], None] | None
         pruned_backend_passes(),
         xnnpack_workarounds(),
         own_dicts(program),
-        pending_unbacked_kept(program),
+        pending_unbacked_kept(find_shape_env(program)),
     ):
         edge = to_edge_transform_and_lower(program, partitioner=[_xnnpack_partitioner()])
         if edit is not None:

@@ -33,7 +33,7 @@ from ..parity.tolerances import INT8_SNR_FLOOR_DB, tolerance_for
 from .outcome import ValueCheck
 from .reference import ProofSet
 
-__all__ = ["LinearByLinear", "TAPPED_LOWERING_MIN_SNR_DB", "forced_stage", "source_linear"]
+__all__ = ["LinearByLinear", "TAPPED_LOWERING_MIN_SNR_DB", "forced_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class LinearByLinear:
             return {}
         out: dict[str, str] = {}
         for n in self.decomposed.graph.nodes:
-            s = source_linear(n, wanted, self._graph_id)
+            s = _source(n, wanted, self._graph_id)
             if s is not None:
                 out[n.name] = s
         return out
@@ -173,7 +173,7 @@ class LinearByLinear:
         by_node = self._by_node
 
         def keep(n: torch.fx.Node) -> bool:
-            s = source_linear(n, wanted, self._graph_id)
+            s = _source(n, wanted, self._graph_id)
             if s is None:
                 return False
             by_node[n.name] = s
@@ -241,7 +241,7 @@ _VIEWS = (
 )
 
 
-def source_linear(node: torch.fx.Node, wanted: set[str], graph_id: int) -> str | None:
+def _source(node: torch.fx.Node, wanted: set[str], graph_id: int) -> str | None:
     """The tapped shared linear a derived compute node comes from, by provenance in the shared
     graph (a derived program renames its nodes, so a bare name may be another node's)."""
     if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):

@@ -180,12 +180,11 @@ def _drop_runtime_asserts(program: ExportedProgram) -> None:
     """Remove the runtime asserts the capture deferred (and the size arithmetic only they read):
     each restates a fact of the shared program's own range, which its proof covers, and
     ExecuTorch's edge verifier refuses the symbolic ops they are made of."""
-    for node in program.graph.nodes:  # the program's shape env: decompositions re-insert its asserts
-        val = node.meta.get("val")
-        env = getattr(getattr(val, "fake_mode", None), "shape_env", None)
-        if env is not None:
-            env.deferred_runtime_asserts.clear()
-            break
+    from ...shared_state.fingerprint import find_shape_env
+
+    env = find_shape_env(program)
+    if env is not None:  # the program's shape env: decompositions re-insert its asserts
+        env.deferred_runtime_asserts.clear()
     graph = program.graph
     asserts = [
         n
