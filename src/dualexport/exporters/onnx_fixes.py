@@ -28,12 +28,12 @@ from ..shared_state.passes.graph_edit import (
     COPY_OPS,
     VIEW_OPS,
     call,
+    copy_program,
     fake_mode_of,
     replace_all_uses,
     same_size,
     shape_of,
 )
-from .xnnpack_attention import copy_program
 
 __all__ = ["contiguous_attention_outputs", "pooled_means_as_last_dim_means"]
 

@@ -218,7 +218,7 @@ def float_activations(program: Any) -> Any:
     (int4, and 8-bit per row) reads its activation
     before the program's 8-bit quantization of it (``MatMulNBits`` at accuracy level 4 quantizes
     it itself); ``program`` itself is not edited. The same program when no linear changes."""
-    from .xnnpack_attention import copy_program
+    from ..shared_state.passes.graph_edit import copy_program
 
     names = [n.name for n in _kernel_linears(program)]
     if not names:

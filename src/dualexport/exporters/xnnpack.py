@@ -33,7 +33,7 @@ from ..shared_state.passes.graph_edit import drop_dead_constants
 from .backend_passes import pruned_backend_passes
 from .base import ExportOptions, LoweredTarget
 from .delegation import DelegationReport
-from .xnnpack_fixes import own_dicts, partitioner_configs, xnnpack_workarounds
+from .xnnpack_fixes import decomposed_once, own_dicts, partitioner_configs, xnnpack_workarounds
 from .xnnpack_partitions import VIEW_OF
 from .xnnpack_rewrites import pipeline_names, rewrite_table, run_pipeline
 
@@ -323,7 +323,7 @@ class XnnpackExporter:
                 _tagged(decomposed, name, external),
             ):
                 edge = to_edge_transform_and_lower(
-                    decomposed,
+                    decomposed_once(decomposed),
                     transform_passes=_edge_passes(options),
                     partitioner=[_xnnpack_partitioner()],
                     constant_methods=methods,

@@ -35,19 +35,19 @@ from typing import Any, cast
 import torch
 from torch.export import ExportedProgram
 
-from ..compat.torch import updated_program
 from ..shared_state.passes.attention import rows_visible
 from ..shared_state.passes.base import ProgramPass
 from ..shared_state.passes.graph_edit import (
     Inserter,
     argument,
     call,
+    copy_program,
     fake_mode_of,
     lift_constant,
     replace_all_uses,
 )
 
-__all__ = ["XnnpackAttention", "ATTENTION_TABLE", "copy_program", "plan_attention", "mask_layout"]
+__all__ = ["XnnpackAttention", "ATTENTION_TABLE", "plan_attention", "mask_layout"]
 
 aten = torch.ops.aten
 _SDPA = aten.scaled_dot_product_attention.default
@@ -248,19 +248,6 @@ def plan_attention(program: ExportedProgram, node: torch.fx.Node) -> _Plan | Non
 
 
 # ------------------------------------------------------------------------------- the rewrite
-def copy_program(program: ExportedProgram) -> ExportedProgram:
-    """A new program with a copy of ``program``'s graph (nodes' metadata shared) and the same
-    tensors (the same state_dict; a new constants dict holding the same tensors)."""
-    gm = program.graph_module
-    graph = torch.fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    output = graph.output(out)
-    output.meta.update(next(n for n in gm.graph.nodes if n.op == "output").meta)
-    new_gm = torch.fx.GraphModule(gm, graph)
-    new_gm.meta.update(gm.meta)
-    return updated_program(program, new_gm, program.graph_signature, constants=program.constants)
-
-
 _CASTS = (aten._to_copy.default, aten.to.dtype)
 _SCALAR_OPS = (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
 

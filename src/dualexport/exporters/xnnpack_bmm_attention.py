@@ -45,6 +45,7 @@ from ..shared_state.passes.graph_edit import (
     Inserter,
     call,
     constant_scalar,
+    copy_program,
     fake_mode_of,
     finish_edit,
     replace_all_uses,
@@ -52,7 +53,6 @@ from ..shared_state.passes.graph_edit import (
     shape_of,
     structure,
 )
-from .xnnpack_attention import copy_program
 from .xnnpack_heads import XnnpackHeadAttention
 from .xnnpack_patterns import HUGE_NEGATIVE
 

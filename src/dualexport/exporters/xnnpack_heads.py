@@ -40,6 +40,7 @@ from ..shared_state.passes.graph_edit import (
     VIEW_OPS,
     Inserter,
     call,
+    copy_program,
     fake_mode_of,
     finish_edit,
     lift_constant,
@@ -47,7 +48,7 @@ from ..shared_state.passes.graph_edit import (
     same_size,
     shape_of,
 )
-from .xnnpack_attention import copy_program, mask_layout, plan_attention
+from .xnnpack_attention import mask_layout, plan_attention
 from .xnnpack_head_inputs import Operand, operand, rotary_table, strip, swaps_1_2
 from .xnnpack_masked_rows import GUARD_CASTS, GUARD_WHERES, guarded_mask
 

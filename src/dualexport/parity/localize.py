@@ -236,7 +236,7 @@ class TappedXnnpack:
         from ..exporters.xnnpack import lower_to_buffer, size_oblivious
 
         if same_names:
-            from ..exporters.xnnpack_attention import copy_program
+            from ..shared_state.passes.graph_edit import copy_program
 
             copy = copy_program(decomposed)
         else:

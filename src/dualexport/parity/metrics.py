@@ -9,6 +9,7 @@ how much of a tensor is out of tolerance, not just how far the worst element is.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,74 @@ class Metrics:
         return {k: enc(v) for k, v in self.__dict__.items()}
 
 
+#: elements judged at a time: float64 temporaries of 32 MB each, where a whole output in float64
+#: (a 1B decoder's logits over a 511-token prompt: 65.5 M elements) would take gigabytes per copy
+CHUNK = 1 << 22
+
+
+@dataclass
+class _Sums:
+    """The running reductions of ``compute_metrics`` over chunks."""
+
+    nonfinite_ok: bool = True
+    nonfinite: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    zero_ref_differs: bool = False
+    dot: float = 0.0
+    sq_a: float = 0.0
+    sq_r: float = 0.0
+    noise: float = 0.0
+    bad: int = 0
+    magnitude: float = 0.0
+
+
+def _chunks(actual: torch.Tensor, reference: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    a, r = actual.detach().reshape(-1), reference.detach().reshape(-1)
+    for start in range(0, a.numel(), CHUNK):
+        yield (
+            a[start : start + CHUNK].to(torch.float64),
+            r[start : start + CHUNK].to(torch.float64),
+        )
+
+
+def _magnitude(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest finite reference magnitude where the output is finite too."""
+    top = 0.0
+    for a, r in _chunks(actual, reference):
+        finite = torch.isfinite(a) & torch.isfinite(r)
+        if bool(finite.any()):
+            top = max(top, float(r[finite].abs().max()))
+    return top
+
+
+def _accumulate(acc: _Sums, a: torch.Tensor, r: torch.Tensor, bound: float, rtol: float) -> None:
+    a_nan, r_nan = torch.isnan(a), torch.isnan(r)
+    a_inf, r_inf = torch.isinf(a), torch.isinf(r)
+    acc.nonfinite_ok = acc.nonfinite_ok and bool(
+        torch.equal(a_nan, r_nan) and torch.equal(a_inf, r_inf) and torch.equal(a[a_inf], r[r_inf])
+    )
+    finite = torch.isfinite(a) & torch.isfinite(r)
+    acc.nonfinite += int((~finite).sum())
+    af, rf = a[finite], r[finite]
+    diff = (af - rf).abs()
+    if not diff.numel():
+        return
+    acc.max_abs = max(acc.max_abs, float(diff.max()))
+    denom = rf.abs()
+    acc.magnitude = max(acc.magnitude, float(denom.max()))
+    nz = denom > 0
+    rel = diff[nz] / denom[nz]
+    if rel.numel():
+        acc.max_rel = max(acc.max_rel, float(rel.max()))
+    acc.zero_ref_differs = acc.zero_ref_differs or bool(((~nz) & (diff > 0)).any())
+    acc.dot += float(torch.dot(af, rf))
+    acc.sq_a += float((af * af).sum())
+    acc.sq_r += float((rf * rf).sum())
+    acc.noise += float((diff * diff).sum())
+    acc.bad += int((~(diff <= bound + rtol * denom)).sum())
+
+
 def compute_metrics(
     actual: torch.Tensor,
     reference: torch.Tensor,
@@ -54,55 +123,43 @@ def compute_metrics(
     cosine floors when the output is large enough for them to mean anything (its largest
     magnitude above ``100 * atol``); plus: shapes must match and NaN/Inf must appear exactly where
     the reference has them. With ``elementwise=False`` only the floors decide; with
-    ``or_snr_db`` an output that fails the rest still passes when its SNR reaches that level."""
+    ``or_snr_db`` an output that fails the rest still passes when its SNR reaches that level.
+    Computed in float64 chunk by chunk (``CHUNK``), so judging costs a few of its
+    temporaries, not several float64 copies of the output."""
     if tuple(actual.shape) != tuple(reference.shape):
         nan = float("nan")
         return Metrics(nan, nan, nan, nan, 100.0, False, False, False)
-    a = actual.detach().to(torch.float64).reshape(-1)
-    r = reference.detach().to(torch.float64).reshape(-1)
-    if a.numel() == 0:
+    if actual.numel() == 0:
         return Metrics(0.0, 0.0, 1.0, math.inf, 0.0, True, True, True)
-    a_nan, r_nan = torch.isnan(a), torch.isnan(r)
-    a_inf, r_inf = torch.isinf(a), torch.isinf(r)
-    nonfinite_ok = bool(
-        torch.equal(a_nan, r_nan) and torch.equal(a_inf, r_inf) and torch.equal(a[a_inf], r[r_inf])
-    )
-    finite = torch.isfinite(a) & torch.isfinite(r)
-    af, rf = a[finite], r[finite]
-    diff = (af - rf).abs()
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    denom = rf.abs()
-    nz = denom > 0
-    rel = diff[nz] / denom[nz]
-    max_rel = float(rel.max()) if rel.numel() else (0.0 if max_abs == 0 else math.inf)
-    # An element where the reference is exactly zero and the output is not counts as relative inf.
-    if bool(((~nz) & (diff > 0)).any()):
-        max_rel = math.inf
-    na, nr = float(af.norm()), float(rf.norm())
+    # the per-element bound needs the largest magnitude first only when it scales with it
+    magnitude = _magnitude(actual, reference) if scale else 0.0
+    acc = _Sums()
+    for a, r in _chunks(actual, reference):
+        _accumulate(acc, a, r, atol + scale * magnitude, rtol)
+    magnitude = acc.magnitude
+    # an element where the reference is exactly zero and the output is not counts as relative inf
+    max_rel = math.inf if acc.zero_ref_differs else acc.max_rel
+    na, nr = math.sqrt(acc.sq_a), math.sqrt(acc.sq_r)
     if na == 0 and nr == 0:
         cosine = 1.0
     elif na == 0 or nr == 0:
         cosine = 0.0
     else:
-        cosine = float(torch.dot(af, rf) / (na * nr))
-    noise = float((diff**2).sum())
-    signal = float((rf**2).sum())
-    if noise == 0:
+        cosine = acc.dot / (na * nr)
+    if acc.noise == 0:
         snr = math.inf
-    elif signal == 0:
+    elif acc.sq_r == 0:
         snr = -math.inf
     else:
-        snr = 10.0 * math.log10(signal / noise)
-    magnitude = float(denom.max()) if denom.numel() else 0.0
-    bad = ~(diff <= atol + scale * magnitude + rtol * denom)
-    n_bad = int(bad.sum()) + int((~finite).sum() if not nonfinite_ok else 0)
-    mismatch_pct = 100.0 * n_bad / a.numel()
-    ok = nonfinite_ok and (n_bad == 0 or not elementwise)
+        snr = 10.0 * math.log10(acc.sq_r / acc.noise)
+    n_bad = acc.bad + (acc.nonfinite if not acc.nonfinite_ok else 0)
+    mismatch_pct = 100.0 * n_bad / actual.numel()
+    ok = acc.nonfinite_ok and (n_bad == 0 or not elementwise)
     if ok and (magnitude > 100 * atol or not elementwise):
         ok = (min_snr_db is None or snr >= min_snr_db) and (min_cosine is None or cosine >= min_cosine)
-    if not ok and or_snr_db is not None and nonfinite_ok:
+    if not ok and or_snr_db is not None and acc.nonfinite_ok:
         ok = snr >= or_snr_db
-    return Metrics(max_abs, max_rel, cosine, snr, mismatch_pct, nonfinite_ok, True, ok)
+    return Metrics(acc.max_abs, max_rel, cosine, snr, mismatch_pct, acc.nonfinite_ok, True, ok)
 
 
 @dataclass(frozen=True)

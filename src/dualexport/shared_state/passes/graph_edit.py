@@ -16,11 +16,19 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 
-from ...compat.torch import OpOverload, detect_fake_mode, graph_used_names, op_schema, set_graph_signature
+from ...compat.torch import (
+    OpOverload,
+    detect_fake_mode,
+    graph_used_names,
+    op_schema,
+    set_graph_signature,
+    updated_program,
+)
 from .base import ProgramPass
 from .signature import output_signature_problems, sync_output_signature
 
 __all__ = [
+    "copy_program",
     "lift_constant",
     "OWN_CONSTANT_PREFIXES",
     "drop_dead_constants",
@@ -360,3 +368,26 @@ class NodeRewrite(ProgramPass):
             program.graph.erase_node(node)
             changed = True
         return finish_edit(program) if changed else program
+
+
+def copy_program(program: ExportedProgram) -> ExportedProgram:
+    """A new program with a copy of ``program``'s graph (nodes' metadata shared, the same node
+    names) and the same tensors (the same state_dict; a new constants dict holding the same
+    tensors). Names are kept as they are: FX's copy renames a node whose name shadows a Python
+    builtin (torch.export names the input of ``forward(self, input)`` ``input``; the copy made
+    it ``input_1``, and ExecuTorch then refused the program: "Input spec name input does not
+    match node name input_1")."""
+    gm = program.graph_module
+    graph = torch.fx.Graph()
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(gm.graph, copies)
+    for old, new in copies.items():
+        if new.name != old.name:
+            new.name = old.name
+            if new.op == "placeholder":
+                new.target = old.target
+    output = graph.output(out)
+    output.meta.update(next(n for n in gm.graph.nodes if n.op == "output").meta)
+    new_gm = torch.fx.GraphModule(gm, graph)
+    new_gm.meta.update(gm.meta)
+    return updated_program(program, new_gm, program.graph_signature, constants=program.constants)
