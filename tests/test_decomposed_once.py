@@ -23,7 +23,8 @@ class _Mlp(nn.Module):
         self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.relu(self.a(x)))
+        rows = torch.arange(x.shape[0], dtype=x.dtype).unsqueeze(-1)  # a size read: aten.sym_size
+        return self.b(torch.relu(self.a(x + rows)))
 
 
 def _decomposed() -> tuple[nn.Module, torch.Tensor, ExportedProgram]:
@@ -40,6 +41,8 @@ def test_the_lowering_retraces_nothing_and_the_file_computes_the_model(
     from executorch.runtime import Runtime
 
     model, x, decomposed = _decomposed()
+    # a size read is listed in the decomposition tables; it traces back to itself
+    assert any(n.target is torch.ops.aten.sym_size.int for n in decomposed.graph.nodes)
     retraces: list[object] = []
     original = ExportedProgram.run_decompositions
 
@@ -54,7 +57,7 @@ def test_the_lowering_retraces_nothing_and_the_file_computes_the_model(
     method = Runtime.get().load_program(lowered.files[0]).load_method("forward")
     for rows in (1, 3, 64):
         xs = torch.randn(rows, 16)
-        torch.testing.assert_close(method.execute([xs])[0], model(xs), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(method.execute([xs])[0], model(xs), rtol=1e-4, atol=1e-4)
     # the target's program is the holder's as before: its own graph, untouched
     assert not any(n.op == "call_function" and "executorch" in str(n.target) for n in decomposed.graph.nodes)
 

@@ -288,6 +288,20 @@ def test_state_dict_is_kept_in_private_slot_we_link() -> None:
     assert dec.state_dict is ep.state_dict and dec.constants is ep.constants
 
 
+def test_range_constraints_are_put_back_through_their_slot() -> None:
+    # shared_state/program.py's pin puts back the ranges a target narrowed
+    from dualexport.compat.torch import set_range_constraints
+
+    batch = torch.export.Dim("batch", min=2, max=8)
+    ep = torch.export.export(torch.nn.Linear(3, 3), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
+    saved = dict(ep.range_constraints)
+    (symbol,) = saved
+    set_range_constraints(ep, {})
+    assert ep.range_constraints == {}
+    set_range_constraints(ep, saved)
+    assert ep.range_constraints[symbol].lower == 2 and ep.range_constraints[symbol].upper == 8
+
+
 def test_torch_onnx_prepare_step_exists_and_copies() -> None:
     from torch.onnx._internal.exporter import _core, _registration
 

@@ -44,6 +44,7 @@ __all__ = [
     "set_cia_materializer",
     "set_graph_module",
     "set_graph_signature",
+    "set_range_constraints",
     "set_weight_dicts",
     "size_functions",
     "updated_program",
@@ -62,6 +63,11 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{_EP}._constants", "the weight link for lifted constants", "set_weight_dicts"),
     Seam(f"{_EP}._graph_module", "adopt the module an FX transform returned", "set_graph_module"),
     Seam(f"{_EP}._graph_signature", "a lifted or dropped constant's input spec", "set_graph_signature"),
+    Seam(
+        f"{_EP}._range_constraints",
+        "put back the ranges a target's pin saw narrowed",
+        "set_range_constraints",
+    ),
     Seam(f"{_EP}._update", "a program over a rewritten graph module, same signature", "updated_program"),
     Seam(
         "torch.fx.graph.Graph._graph_namespace", "names FX handed out (erased nodes' too)", "graph_used_names"
@@ -166,6 +172,12 @@ def set_weight_dicts(
 def set_graph_module(program: torch.export.ExportedProgram, graph_module: torch.fx.GraphModule) -> None:
     """Make ``graph_module`` the program's module (same signature and weights)."""
     program._graph_module = graph_module
+
+
+def set_range_constraints(program: torch.export.ExportedProgram, constraints: dict[Any, Any]) -> None:
+    """Make the program hold these range constraints (``range_constraints`` is a read-only
+    property over this slot): a pin puts back what a target's lowering narrowed."""
+    program._range_constraints = constraints
 
 
 def set_graph_signature(program: torch.export.ExportedProgram, signature: Any) -> None:

@@ -177,8 +177,10 @@ def nothing_to_decompose(program: Any, table: Any) -> bool:
     module = program.graph_module
     if any(isinstance(child, torch.fx.GraphModule) for child in module.children()):
         return False
+    # a size read traces back to itself (the tables list it as a composite op)
+    sizes = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default, torch.ops.aten.sym_stride.int}
     for node in module.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node.target in sizes:
             continue
         if node.target in table:
             return False

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from ..compat.torch import non_persistent_buffers, repair_user_links
+from ..compat.torch import non_persistent_buffers, repair_user_links, set_range_constraints
 from ..errors import (
     CaptureError,
     DecompositionError,
@@ -448,7 +448,7 @@ class SharedProgram:
             narrowed = narrowed_ranges(self._ep, snap)
             if snapshot_shape_env(self._ep).digest != snap.digest:
                 restore_shape_env(self._ep, snap)
-                self._ep._range_constraints = range_constraints
+                set_range_constraints(self._ep, range_constraints)
             if not failed:
                 changed = [
                     c for c in before.diff(self.fingerprint(rehash=True)) if c != "symbolic shape ranges"
