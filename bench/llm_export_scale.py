@@ -16,8 +16,10 @@ tree every 0.2 s: shared pages counted once, forked children and their runtimes 
 * ``executorch``: ExecuTorch's own lowering of the same cache wrapper (``torch.export``,
   ``to_edge_transform_and_lower(XnnpackPartitioner())``, ``to_executorch``; int4 as torchao's 8da4w
   in groups of 32, as ExecuTorch's LLM export quantizes): the .pte path with no proof;
-* ``torch.onnx``: ``torch.onnx.export(dynamo=True)`` of the same wrapper (fp32 only): the ONNX
-  path with no proof and no runner layout.
+
+``torch.onnx.export(dynamo=True)`` of the same wrapper is not a path here: torch 2.13's exporter
+refuses its cache arguments' dynamic shapes (a ``*past`` tuple whose spec it turns into a list,
+whatever structure is passed), so the ONNX plain path is the genai builder, which traces nothing.
 
 The ratios print ours against the sum of the plain paths that make the same two files (genai +
 executorch: what a user runs to get both deploy files without dualexport) and against each, and
@@ -25,7 +27,7 @@ every peak against the float32 weights. Not part of ``make bench``: on 2 cores t
 shape takes about half an hour per precision.
 
 Run: ``python bench/llm_export_scale.py --shape smollm2|llama1b [--precision fp32 int4]
-[--paths ours genai executorch torch.onnx] [--max-seq-len 512] [--out DIR]``.
+[--paths ours genai executorch] [--max-seq-len 512] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ LLAMA_1B = {
     "eos_token_id": 2,
     "torch_dtype": "float32",
 }
-PATHS = ("ours", "genai", "executorch", "torch.onnx")
+PATHS = ("ours", "genai", "executorch")
 SAMPLE_SECONDS = 0.2
 
 
@@ -106,19 +108,10 @@ sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torc
 sys.path.insert(0, {bench!r})
 import torch
 from transformers import AutoModelForCausalLM
-from dualexport.llm.wrapper import DecoderWithCache, dynamic_shapes, example_inputs, probe_layout
 model = AutoModelForCausalLM.from_pretrained({folder!r}, torch_dtype=torch.float32).eval()
 out = pathlib.Path({out!r}); out.mkdir(parents=True, exist_ok=True)
-if {path!r} == "executorch":
-    from llm_generation import export_plain_executorch
-    export_plain_executorch(model, out, {max_seq_len!r}, {precision!r} == "int4")
-else:
-    layout = probe_layout(model, {max_seq_len!r})
-    wrapper = DecoderWithCache(model, layout.sliding, "index_copy").eval()
-    with torch.no_grad():
-        prog = torch.onnx.export(wrapper, example_inputs(layout), dynamic_shapes=dynamic_shapes(layout),
-                                 dynamo=True, verbose=False)
-    prog.save(str(out / "m.onnx"), external_data=True)
+from llm_generation import export_plain_executorch
+export_plain_executorch(model, out, {max_seq_len!r}, {precision!r} == "int4")
 """
 
 
@@ -143,7 +136,6 @@ def command(
         bench=str(pathlib.Path(__file__).parent),
         folder=str(folder),
         out=str(out),
-        path=path,
         precision=precision,
         max_seq_len=max_seq_len,
     )
@@ -220,8 +212,6 @@ def main() -> None:
     for precision in ns.precision:
         rows: dict[str, dict[str, Any]] = {}
         for path in ns.paths:
-            if path == "torch.onnx" and precision != "fp32":
-                continue  # torch.onnx quantizes nothing by itself
             out = root / f"{ns.shape}_{precision}_{path}"
             cmd = command(path, folder, out, precision, ns.max_seq_len)
             rows[path] = measure(cmd, root / f"{ns.shape}_{precision}_{path}.log")

@@ -5,7 +5,10 @@ Why: a 1B decoder takes minutes and most of a machine's memory; a user must see 
 running (the CLI draws a row per stage as it starts and ends) and the result must say what each
 stage cost (``ExportResult.timings``), or an export that takes long looks hung and one that takes
 much cannot be fixed. Memory is the tree's PSS (``_memory.tree_pss_mb``: a forked lowering's
-pages shared with the parent counted once), sampled in a thread while anything records.
+pages shared with the parent counted once), sampled in a thread while anything records, and at
+least this process's own high-water RSS inside the stage (the kernel's ``VmHWM``, reset as each
+stage starts and ends): a spike shorter than a sampling period (judging a 1B decoder's logits in
+float64 took gigabytes for a second) is not missed.
 
 ``recording()`` collects the stages run inside it (nested recordings each get theirs, the outer
 one all of them); ``stage(name)`` times one; ``listening(callback)`` tells a view of each start
@@ -34,7 +37,8 @@ SAMPLE_SHARE = 20
 @dataclass(frozen=True)
 class StageTiming:
     """One stage: its name (``"capture"``, ``"xnnpack: lower"``, ...), wall seconds, and the peak
-    PSS of the process tree (MB) while it ran; ``started``: seconds after the recording began."""
+    memory (MB) while it ran: the largest sampled PSS of the process tree, or this process's own
+    high-water RSS if larger; ``started``: seconds after the recording began."""
 
     name: str
     seconds: float
@@ -80,6 +84,56 @@ class _Sampler:
         self._thread.join()
 
 
+class _HighWater:
+    """This process's peak RSS (MB) inside each open stage, exact: the kernel keeps ``VmHWM``;
+    writing ``5`` to ``/proc/self/clear_refs`` resets it to the current RSS. Stages nest and
+    overlap (a forked lowering's stage), so each reset first folds the mark reached so far into
+    every open stage's peak."""
+
+    def __init__(self) -> None:
+        self._open: dict[object, float] = {}
+        self._lock = threading.Lock()
+        self._works = os.access("/proc/self/clear_refs", os.W_OK)
+
+    @staticmethod
+    def _status_mb(field: str) -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def _fold_and_reset(self) -> None:
+        mark = self._status_mb("VmHWM:")
+        for key, peak in self._open.items():
+            self._open[key] = max(peak, mark)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+
+    def open(self, key: object) -> None:
+        if not self._works:
+            return
+        with self._lock:
+            try:
+                self._fold_and_reset()
+                self._open[key] = self._status_mb("VmRSS:")
+            except OSError:
+                self._works = False
+
+    def close(self, key: object) -> float:
+        if not self._works:
+            return 0.0
+        with self._lock:
+            try:
+                self._fold_and_reset()
+            except OSError:
+                self._works = False
+            return self._open.pop(key, 0.0)
+
+
+_HIGH_WATER = _HighWater()
+
+
 class _Recording:
     def __init__(self, origin: float) -> None:
         self.origin = origin
@@ -119,12 +173,15 @@ def stage(name: str) -> Iterator[None]:
     for listener in list(_LISTENERS):
         listener(name, None)
     sampler = _SAMPLER[0] if _SAMPLER else None
+    key = object()
+    _HIGH_WATER.open(key)
     start = time.perf_counter()
     try:
         yield
     finally:
         end = time.perf_counter()
-        peak = sampler.peak(start, end) if sampler is not None else 0.0
+        own = _HIGH_WATER.close(key)
+        peak = max(sampler.peak(start, end) if sampler is not None else 0.0, own)
         outer = _RECORDINGS[0].origin if _RECORDINGS else start
         timing = StageTiming(name, end - start, peak, start - outer)
         for rec in list(_RECORDINGS):
