@@ -143,7 +143,7 @@ def command(
 
 
 def measure(cmd: list[str], log: pathlib.Path) -> dict[str, Any]:
-    """Run ``cmd``; its wall seconds, the peak PSS of its process tree (GB) and its exit code."""
+    """Run ``cmd``; its wall seconds, the peak PSS of its process tree (GiB) and its exit code."""
     from dualexport._memory import tree_pss_mb
 
     peak = 0.0
@@ -171,7 +171,7 @@ def _ratio(ours: dict[str, Any], other: dict[str, Any] | None, key: str) -> str:
 def report(shape: str, precision: str, rows: dict[str, dict[str, Any]], weights: int) -> None:
     gb = weights / 2**30
     print(f"\n## {shape} {precision} (float32 weights {gb:.2f} GiB)\n")
-    print("| path | wall s | peak tree PSS GB | peak / weights | note |")
+    print("| path | wall s | peak tree PSS GiB | peak / weights | note |")
     print("|---|---:|---:|---:|---|")
     for path, row in rows.items():
         note = row.get("error", "")

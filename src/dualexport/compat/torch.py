@@ -17,6 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm as BatchNormBase
 from torch.utils import _pytree as pytree
 
 from . import Seam
+from .patching import patched
 
 __all__ = [
     "SEAMS",
@@ -24,7 +25,6 @@ __all__ = [
     "check_fact",
     "OpOverload",
     "backed_size_oblivious",
-    "cia_materializer",
     "cia_registrations",
     "detect_fake_mode",
     "repair_user_links",
@@ -41,8 +41,8 @@ __all__ = [
     "op_schema",
     "pytree",
     "register_quantized_decomposed",
-    "set_cia_materializer",
     "set_graph_module",
+    "patched_cia_materializer",
     "set_graph_signature",
     "set_range_constraints",
     "set_weight_dicts",
@@ -140,7 +140,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "torch._export.utils._materialize_cpp_cia_ops",
         "the CIA walk skipped while unchanged",
-        "cia_materializer",
+        "patched_cia_materializer",
     ),
     Seam(
         "torch._C._dispatch_get_registrations_for_dispatch_key",
@@ -343,18 +343,13 @@ def onnx_program(decomposed: torch.export.ExportedProgram, registry: Any) -> Any
 
 
 # ------------------------------------------------------------------- the dispatcher's CIA walk
-def cia_materializer() -> Callable[[], None]:
-    """The function torch's ``run_decompositions`` calls to walk the CIA registrations."""
+def patched_cia_materializer(make: Callable[[Callable[[], None]], Callable[[], None]]) -> Any:
+    """Within the block, the function torch's ``run_decompositions`` calls to walk the CIA
+    registrations is ``make(torch's own)`` (see ``shared_state/dispatch_walk.py``; re-entrant:
+    ``compat.patching.patched``)."""
     from torch._export import utils
 
-    return utils._materialize_cpp_cia_ops
-
-
-def set_cia_materializer(fn: Callable[[], None]) -> None:
-    """Make ``fn`` the walk torch calls (see ``shared_state/dispatch_walk.py``)."""
-    from torch._export import utils
-
-    utils._materialize_cpp_cia_ops = fn
+    return patched(utils, "_materialize_cpp_cia_ops", make)
 
 
 def cia_registrations() -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..compat.executorch import fuseable_activations, transform, xnnpack_pass_types, xnnpack_preprocess_module
+from ..compat.patching import patched
 
 __all__ = ["PASS_NEEDS", "PassPruning", "pruned_backend_passes"]
 
@@ -100,9 +101,6 @@ class _Counter:
 
 
 _local = threading.local()
-_patch_lock = threading.Lock()
-_patch_depth = 0
-_original: Any = None
 
 
 @functools.cache
@@ -144,33 +142,15 @@ def pruned_backend_passes(enabled: bool = True) -> Iterator[Callable[[], PassPru
     the last one closes.
     """
     counter = _Counter()
-    if enabled:
-        _install()
-    outer, _local.counter = getattr(_local, "counter", None), counter if enabled else None
-    try:
-        yield counter.result
-    finally:
-        _local.counter = outer
-        if enabled:
-            _uninstall()
+    with contextlib.ExitStack() as swap:
+        if enabled:  # the attribute ExecuTorch's preprocess reads, while any enabled block is open
+            swap.enter_context(patched(xnnpack_preprocess_module(), "XNNPACKPassManager", _managed))
+        outer, _local.counter = getattr(_local, "counter", None), counter if enabled else None
+        try:
+            yield counter.result
+        finally:
+            _local.counter = outer
 
 
-def _install() -> None:
-    prep = xnnpack_preprocess_module()
-
-    global _patch_depth, _original
-    with _patch_lock:
-        if _patch_depth == 0:
-            _original = prep.XNNPACKPassManager
-            prep.XNNPACKPassManager = _pass_manager_class()
-        _patch_depth += 1
-
-
-def _uninstall() -> None:
-    prep = xnnpack_preprocess_module()
-
-    global _patch_depth
-    with _patch_lock:
-        _patch_depth -= 1
-        if _patch_depth == 0:
-            prep.XNNPACKPassManager = _original
+def _managed(_: Any) -> type:
+    return _pass_manager_class()

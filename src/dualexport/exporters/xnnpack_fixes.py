@@ -45,12 +45,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-import threading
 import types
 from collections.abc import Iterator
 from typing import Any
 
 from ..compat.executorch import backend_api_module, batch_norm_pass_modules
+from ..compat.patching import patched
 from ..compat.torch import op_schema, set_weight_dicts, weight_dicts
 from ..shared_state.passes.graph_edit import copy_program
 
@@ -64,10 +64,6 @@ __all__ = [
 ]
 
 _NAME = "create_constant_placeholder"
-_LOCK = threading.Lock()
-_DEPTH = 0
-#: (module namespace, name, original) of every swap in force
-_ORIGINAL: list[tuple[dict[str, Any], str, Any]] = []
 
 
 def _sanitized(fn: Any) -> Any:
@@ -97,28 +93,14 @@ _COPY = types.SimpleNamespace(copy=copy.copy, Error=copy.Error, deepcopy=deepcop
 
 @contextlib.contextmanager
 def xnnpack_workarounds(share_weights: bool = True) -> Iterator[None]:
-    """Install the work-arounds for the duration of a lowering (re-entrant)."""
-    global _DEPTH
-    with _LOCK:
-        if _DEPTH == 0:
-            for module in batch_norm_pass_modules():
-                namespace = vars(module)
-                _ORIGINAL.append((namespace, _NAME, namespace[_NAME]))
-                namespace[_NAME] = _sanitized(namespace[_NAME])
-            if share_weights:
-                namespace = vars(backend_api_module())
-                _ORIGINAL.append((namespace, "copy", namespace["copy"]))
-                namespace["copy"] = _COPY
-        _DEPTH += 1
-    try:
+    """Install the work-arounds for the duration of a lowering (re-entrant, any thread:
+    ``compat.patching.patched``)."""
+    with contextlib.ExitStack() as swaps:
+        for module in batch_norm_pass_modules():
+            swaps.enter_context(patched(module, _NAME, _sanitized))
+        if share_weights:
+            swaps.enter_context(patched(backend_api_module(), "copy", lambda _: _COPY))
         yield
-    finally:
-        with _LOCK:
-            _DEPTH -= 1
-            if _DEPTH == 0:
-                for namespace, name, original in reversed(_ORIGINAL):
-                    namespace[name] = original
-                _ORIGINAL.clear()
 
 
 @contextlib.contextmanager

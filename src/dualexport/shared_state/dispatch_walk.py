@@ -23,14 +23,12 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from ..compat.torch import cia_materializer, cia_registrations, set_cia_materializer
+from ..compat.torch import cia_registrations, patched_cia_materializer
 
 __all__ = ["walk_cia_ops_once_per_change"]
 
 _lock = threading.Lock()
 _walked: tuple[str, ...] | None = None
-_depth = 0
-_original: Callable[[], None] | None = None
 
 
 def _skipping(original: Callable[[], None]) -> Callable[[], None]:
@@ -51,20 +49,6 @@ def _skipping(original: Callable[[], None]) -> Callable[[], None]:
 def walk_cia_ops_once_per_change() -> Iterator[None]:
     """Within the block, torch walks the CIA registrations only when they changed (re-entrant;
     any thread's decomposition sees the skip while a block is open, as torch's function is a
-    module global)."""
-    global _depth, _original
-    with _lock:
-        if _depth == 0:
-            current = cia_materializer()
-            if not getattr(current, "dualexport_walk_once", False):
-                _original = current
-                set_cia_materializer(_skipping(current))
-        _depth += 1
-    try:
+    module global: ``compat.patching.patched``)."""
+    with patched_cia_materializer(_skipping):
         yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0 and _original is not None:
-                set_cia_materializer(_original)
-                _original = None
