@@ -102,6 +102,11 @@ def test_folder_holds_what_the_runners_load(deployed: Deployed) -> None:
     assert set(deploy.proofs) == {"xnnpack", "onnx"}
     for proof in deploy.proofs.values():
         assert len(proof.walks) == 3 and proof.worst_snr_db > 100, proof
+    # one .pte: made from the shared program, no explicit-cache .pte lowered beside it (issue 51)
+    assert set(deployed.res.artifacts) == {"onnx"} and not (cache / "model.pte").exists()
+    found = deploy.weights["xnnpack"]  # the weight proof of its own copies, read from disk
+    assert found.get("exact", 0) >= 2 * 7 + 2 and not {"missing", "mismatch"} & set(found), found
+    assert deploy.delegation["xnnpack"].subgraphs >= 1
     config = json.loads((folder / "genai_config.json").read_text())
     decoder = config["model"]["decoder"]
     assert decoder["filename"] == "model.onnx" and decoder["num_hidden_layers"] == 2
@@ -215,11 +220,37 @@ def _redeploy(d: Deployed, folder: pathlib.Path, target: str) -> Any:
     from dualexport.llm.deploy import write_deploy_folder
     from dualexport.llm.layout import read_layout
 
-    res = dataclasses.replace(d.res, artifacts={target: d.res.artifacts[target]}, errors={})
+    # the .pte is made from the shared program alone: no explicit-cache .pte in the result
+    kept = {t: a for t, a in d.res.artifacts.items() if t == target}
+    res = dataclasses.replace(d.res, artifacts=kept, errors={})
     layout = read_layout(d.res.artifacts["onnx"].path)
     return write_deploy_folder(
-        res, layout, folder, "model", model=d.model, tokenizer=d.tokenizer, options=ExportOptions()
+        res,
+        layout,
+        folder,
+        "model",
+        model=d.model,
+        tokenizer=d.tokenizer,
+        options=ExportOptions(),
+        targets=(target,),
     )
+
+
+def test_a_runner_pte_without_a_weight_of_the_program_is_refused_naming_it(deployed: Deployed) -> None:
+    """The .pte's weight proof: a weight whose bytes the file does not hold (here the program's
+    digest of one projection changed, as a stale or patched copy would differ) is named."""
+    import types
+
+    from dualexport.llm.deploy.runner_weights import prove_runner_weights
+
+    shared = deployed.res.program
+    name = next(n for n in shared.state_dict if n.endswith("self_attn.q_proj.weight"))
+    digests = {**shared.weight_digests(), name: "0" * 64}
+    stale = types.SimpleNamespace(exported_program=shared.exported_program, weight_digests=lambda: digests)
+    lowered = types.SimpleNamespace(weight_notes={}, derived_copies={})
+    decomposed = types.SimpleNamespace(graph_signature=shared.exported_program.graph_signature)
+    with pytest.raises(dx.WeightMismatchError, match=name.replace(".", r"\.")):
+        prove_runner_weights(deployed.folder / "model.pte", stale, lowered, decomposed)
 
 
 def test_a_genai_file_with_layers_caches_swapped_is_refused(

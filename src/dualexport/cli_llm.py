@@ -73,6 +73,17 @@ def _print_deploy(out: Any, deploy: Any) -> None:
         attention = deploy.attention.get(target)
         if attention:
             out.print(f"  attention: {attention}", markup=False)
+        delegation = deploy.delegation.get(target)
+        if delegation is not None:
+            out.print(
+                f"  XNNPACK: {delegation.subgraphs} delegate(s), "
+                f"{100 * delegation.delegated_share:.1f}% of compute ops",
+                markup=False,
+            )
+        found = deploy.weights.get(target)
+        if found:
+            counts = ", ".join(f"{n} {status}" for status, n in sorted(found.items()))
+            out.print(f"  weights (read back from the file): {counts}", markup=False)
     for target, why in deploy.skipped.items():
         out.print(f"[yellow]{target}[/]: no runner file: {why}")
     shipped = ", ".join(p.name for p in deploy.files)

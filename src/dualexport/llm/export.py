@@ -22,6 +22,7 @@ from torch import nn
 from .._stages import recording, stage
 from ..errors import CaptureError, DualExportError, InputError, typed_errors
 from ..exporters import ExportOptions
+from ..exporters.registry import normalize_targets
 from .deploy.folder import CACHE_FOLDER
 
 __all__ = ["export_llm", "MIN_SEQ_LEN", "QUANTIZE_KEY"]
@@ -89,10 +90,13 @@ def export_llm(
     for ExecuTorch's ``TextLLMRunner`` (the cache inside the program, the runner's metadata
     methods), ``<name>.onnx`` with ``genai_config.json`` for onnxruntime-genai's ``og.Model``,
     and the tokenizer's files (``tokenizer``: a transformers tokenizer, a folder or a .gguf file;
-    by default the model's own, found where it was loaded from); the explicit-cache files above,
-    proven first, and the re-export cache go to ``out_dir/.dualexport`` (``res.artifacts``).
+    by default the model's own, found where it was loaded from); the explicit-cache .onnx above
+    (the genai file is made from it), proven first, and the re-export cache go to
+    ``out_dir/.dualexport`` (``res.artifacts``). The .pte is made from the shared program alone,
+    with its value proof and the weight proof of its own copies (``res.deploy.weights``): no
+    explicit-cache .pte is made beside it unless the export targets XNNPACK alone.
     ``res.deploy`` lists the deploy files and their proofs. ``deploy=False`` writes only the
-    explicit-cache files, into ``out_dir``.
+    explicit-cache files (both targets), into ``out_dir``.
     """
     with typed_errors("export_llm"):
         source = model if isinstance(model, (str, os.PathLike)) else None
@@ -103,6 +107,7 @@ def export_llm(
             from .deploy.tokenizer import resolve_tokenizer
 
             tok = resolve_tokenizer(tokenizer, source, resolved)
+        targets = normalize_targets(target)
         with recording() as timings:
             res = _export_llm(
                 resolved,
@@ -110,15 +115,25 @@ def export_llm(
                 max_seq_len=max_seq_len,
                 out_dir=folder / CACHE_FOLDER if deploy else folder,
                 name=name,
-                target=target,
+                target=_explicit_targets(targets, deploy),
                 quantize=quantize,
                 strict=strict,
                 optimize=optimize,
                 options=options,
             )
             if deploy:
-                res = _with_deploy_folder(res, resolved, tok, folder, name, options, quantize)
+                res = _with_deploy_folder(res, resolved, tok, folder, name, options, quantize, targets)
         return dataclasses.replace(res, timings=tuple(timings))
+
+
+def _explicit_targets(targets: tuple[str, ...], deploy: bool) -> tuple[str, ...]:
+    """The targets of the explicit-cache files. A deploy folder's .pte is made from the shared
+    program itself (deploy/executorch.py) and proven, weights included, on its own: an
+    explicit-cache .pte beside it would be lowered and proven (a whole-model XNNPACK lowering,
+    a third of the export) and never shipped. The .onnx stays: the genai file is made from it."""
+    if deploy and "xnnpack" in targets and "onnx" in targets:
+        return tuple(t for t in targets if t != "xnnpack")
+    return targets
 
 
 def _with_deploy_folder(
@@ -129,6 +144,7 @@ def _with_deploy_folder(
     name: str,
     options: ExportOptions | None,
     quantize: str | None,
+    targets: tuple[str, ...],
 ) -> Any:
     """``res`` with its deploy folder written (see ``export_llm``); a deploy file that failed
     is one more error of the result."""
@@ -142,7 +158,9 @@ def _with_deploy_folder(
     opts = options or ExportOptions()
     if quantize is not None:
         opts = _quantized_opset(opts)
-    deployed = write_deploy_folder(res, layout, folder, name, model=model, tokenizer=tokenizer, options=opts)
+    deployed = write_deploy_folder(
+        res, layout, folder, name, model=model, tokenizer=tokenizer, options=opts, targets=targets
+    )
     errors = {**res.errors, **deployed.errors}
     seconds = {**res.seconds, **deployed.seconds}
     return dataclasses.replace(res, deploy=deployed, errors=errors, seconds=seconds)

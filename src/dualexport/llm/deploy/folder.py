@@ -7,14 +7,15 @@ nothing else.
 <out>/model.onnx(.data)     onnxruntime-genai's og.Model(<out>)
 <out>/genai_config.json
 <out>/tokenizer.json, tokenizer_config.json (chat template), ...
-<out>/.dualexport/          dualexport's own: the proven explicit-cache files, the .pt2 and
+<out>/.dualexport/          dualexport's own: the proven explicit-cache .onnx, the .pt2 and
                             inputs of the re-export cache, the weight manifest, the lock
 ```
 
 Each deploy file is made from the one shared program (the .pte from the program itself, the
 .onnx from the proven .onnx), proven by generation walks from disk (``proof.py``), and the
 folder's files are committed as one set: a file that fails its proof is not published and the
-result says why.
+result says why. The .pte also gets the weight proof of its own copies (``runner_weights.py``):
+no explicit-cache .pte is made to carry it (``export_llm``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class DeployFolder:
     seconds: Mapping[str, float] = field(default_factory=dict)
     #: each runner file's attention: the runtime's own LLM attention op, or the program's and why
     attention: Mapping[str, str] = field(default_factory=dict)
+    #: the runner .pte's weight proof: the shared program's weights found in it, copies per status
+    weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: the runner .pte's XNNPACK delegation (a ``DelegationReport``)
+    delegation: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -81,10 +86,12 @@ def write_deploy_folder(
     model: Any,
     tokenizer: Any,
     options: Any,
+    targets: tuple[str, ...] | None = None,
 ) -> DeployFolder:
     """Make, prove and commit the deploy files of ``res`` (an ``export_llm`` result whose files
-    are in ``out_dir/.dualexport``) into ``out_dir``. A target whose explicit file failed gets no
-    deploy file; a deploy file that fails is reported, not published."""
+    are in ``out_dir/.dualexport``) into ``out_dir``, for ``targets`` (default: those ``res``
+    exported). A target whose explicit file failed gets no deploy file; the .pte needs none (it
+    is made from the shared program); a deploy file that fails is reported, not published."""
     from ...outputs.commit import recover
     from ...outputs.lock import export_lock
 
@@ -94,7 +101,8 @@ def write_deploy_folder(
         # a killed run's half-done commit is finished, its staging folders go (the lock of the
         # export's own folder, .dualexport, does that for .dualexport only)
         recover(out_dir, name)
-        return _write(res, layout, out_dir, name, model, tokenizer, options)
+        wanted = targets if targets is not None else (*res.artifacts, *res.errors)
+        return _write(res, layout, out_dir, name, model, tokenizer, options, tuple(wanted))
 
 
 def _write(
@@ -105,6 +113,7 @@ def _write(
     model: Any,
     tokenizer: Any,
     options: Any,
+    targets: tuple[str, ...],
 ) -> DeployFolder:
     import time
 
@@ -120,12 +129,15 @@ def _write(
     seconds: dict[str, float] = {}
     roles: dict[str, Any] = {}
     attention: dict[str, str] = {}
+    pte: dict[str, Any] = {}
     with staging_dir(out_dir) as staging:
         for target in ("xnnpack", "onnx"):
-            if target not in res.artifacts:
-                if target not in res.errors:
-                    continue
+            if target not in targets:
+                continue
+            if target in res.errors:
                 skipped[target] = f"its explicit-cache file failed: {res.errors[target].message}"
+                continue
+            if target not in res.artifacts and target != "xnnpack":  # the .pte needs none
                 continue
             start = time.perf_counter()
             try:
@@ -134,7 +146,7 @@ def _write(
                 if made is None:
                     skipped[target] = "the decoder needs the whole-cache program (see the log)"
                 elif target == "xnnpack":
-                    roles["pte"], proofs[target], attention[target] = made
+                    roles["pte"], (proofs[target], pte), attention[target] = made
                 else:
                     roles["onnx"], roles["genai_config"], proofs[target], attention[target] = made
             except Exception as exc:  # one runner file failing leaves the other and the explicit files
@@ -164,6 +176,8 @@ def _write(
         skipped=skipped,
         seconds=seconds,
         attention=attention,
+        weights={"xnnpack": pte["weights"]} if "weights" in pte else {},
+        delegation={"xnnpack": pte["delegation"]} if pte.get("delegation") is not None else {},
     )
 
 
@@ -215,10 +229,11 @@ def _quantized(res: Any) -> bool:
 
 def _runner_pte(
     res: Any, layout: LlmLayout, staging: pathlib.Path, name: str, options: Any, bos: Any, eos: Any
-) -> tuple[pathlib.Path, Any, str]:
-    from .executorch import FUSED_ATTENTION, lower_runner_pte, runner_methods
+) -> tuple[pathlib.Path, tuple[Any, dict[str, Any]], str]:
+    from .executorch import lower_runner_pte, runner_methods
     from .proof import prove_deploy_file
     from .runner_proof import prove_runner_by_linears
+    from .runner_weights import prove_runner_weights
 
     opts = options
     if opts.xnnpack_external_data is None:
@@ -227,9 +242,10 @@ def _runner_pte(
         weights = sum(t.numel() * t.element_size() for t in res.program.state_dict.values())
         opts = dataclasses.replace(opts, xnnpack_external_data=weights >= PTE_DATA_FILE_ABOVE)
     quantized = _quantized(res)
-    reference, against = _reference(res, layout, "xnnpack", quantized)
+    # a float program's file is held to the shared program; a quantized one to its own graph
+    reference, against = _reference(res, layout, "xnnpack", False) if not quantized else (None, "")
 
-    def attempt(fuse: bool) -> tuple[pathlib.Path, Any, str]:
+    def attempt(fuse: bool) -> tuple[pathlib.Path, tuple[Any, dict[str, Any]], str]:
         lowered, attention, decomposed = lower_runner_pte(
             res.program.exported_program,
             layout,
@@ -240,14 +256,17 @@ def _runner_pte(
             fuse=fuse,
         )
         path = lowered.files[0]
-        if quantized and attention == FUSED_ATTENTION:  # another attention kernel: its own graph
+        if quantized:  # its own graph, linear by linear (runner_proof.py), whatever its attention
             proof = prove_runner_by_linears(path, decomposed, layout, res.program.exported_program)
-            return path, proof, attention
+        else:
+            assert reference is not None
+            proof = prove_deploy_file(path, "xnnpack", reference, against, layout, quantized)
+        found = prove_runner_weights(path, res.program, lowered, decomposed)
         del decomposed
-        return path, prove_deploy_file(path, "xnnpack", reference, against, layout, quantized), attention
+        return path, (proof, {"weights": found, "delegation": lowered.delegation}), attention
 
     # ExecuTorch's LLM attention ops; where that file fails (a kernel or a proof this model
-    # trips), the program's own attention, saying why (a quantized one held to its proven file)
+    # trips), the program's own attention, saying why
     return _fused_or_own("xnnpack", staging, name, attempt)
 
 
@@ -269,10 +288,10 @@ def _fused_or_own(target: str, staging: pathlib.Path, name: str, attempt: Callab
 
 def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tuple[Any, str]:
     """What a runner file is held to (proof.py's docstring), as a maker of sessions and its
-    label: the shared program for a float program; for a quantized one the proven explicit
-    file of ``target`` fed the past the runner file is fed (all ``T`` slots for the .pte, the
-    tokens seen for the genai .onnx: a size below the explicit file's declared past range, which
-    its graph takes as it is)."""
+    label: the shared program for a float program; for a quantized genai .onnx, the proven
+    explicit .onnx fed the past of the tokens seen (a size below the explicit file's declared
+    past range, which its graph takes as it is). A quantized .pte is held to its own graph
+    (runner_proof.py)."""
     from ...runtimes import open_runner
     from ..session import DecoderSession
     from .proof import ProgramRunner
@@ -284,17 +303,13 @@ def _reference(res: Any, layout: LlmLayout, target: str, quantized: bool) -> tup
 
         return program, "the shared program"
     explicit = res.artifacts[target].path
-    t = layout.max_seq_len
-    slots = (lambda _: t) if target == "xnnpack" else (lambda p: p)
 
     def proven() -> Any:
         runner = open_runner(target, explicit, isolated=False)
-        if target == "onnx":
-            runner.input_specs = None  # type: ignore[attr-defined]
-        return DecoderSession(runner, layout, explicit.name, past_slots=slots)
+        runner.input_specs = None  # type: ignore[attr-defined]
+        return DecoderSession(runner, layout, explicit.name, past_slots=lambda p: p)
 
-    fed = f"all {t} cache slots" if target == "xnnpack" else "the past of the tokens seen"
-    return proven, f"the proven {explicit.name} fed {fed}"
+    return proven, f"the proven {explicit.name} fed the past of the tokens seen"
 
 
 def _kernel_reference(res: Any, layout: LlmLayout, options: Any) -> tuple[Any, Any, str] | None:
