@@ -15,11 +15,11 @@ Against what:
 * a quantized program (torchao ops): its arithmetic is chaotic (a 1e-7 change of an activation
   moves a token to the next int8 level, and real int4 programs sit 19-36 dB from themselves
   under such noise: docs/quantization.md), so an end-to-end comparison proves nothing tight.
-  The deploy file is the proven file of its target with other I/O (the same graph, the same
-  kernels), so it is held to that file driven with the same past (all ``T`` slots for the .pte,
-  exactly the tokens seen for the .onnx) at :data:`SAME_FILE_MIN_SNR_DB`: the same numbers, up
-  to a kernel's choice of summation order. The proven file was held to the program linear by
-  linear (pipeline/forced_proof.py).
+  The genai .onnx is the proven .onnx with other I/O (the same graph, the same kernels), so it
+  is held to that file driven with exactly the tokens seen at :data:`SAME_FILE_MIN_SNR_DB`: the
+  same numbers, up to a kernel's choice of summation order. The proven file was held to the
+  program linear by linear (pipeline/forced_proof.py). A quantized .pte is held to its own graph
+  linear by linear on the same walks (runner_proof.py).
 * a quantized program whose .onnx runs ONNX Runtime's own int8 kernel (``MatMulNBits`` at
   accuracy level 4: the activations quantized per block inside the kernel): the file computes
   the program with float activations plus its kernel's rounding, and its explicit file was
