@@ -253,6 +253,26 @@ def test_a_runner_pte_without_a_weight_of_the_program_is_refused_naming_it(deplo
         prove_runner_weights(deployed.folder / "model.pte", stale, lowered, decomposed)
 
 
+def test_the_pte_is_made_and_proven_when_the_onnx_fails(
+    deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy folder's .pte needs no explicit file: an export whose .onnx failed still ships
+    the .pte, proven by value and by its weights, and says why there is no .onnx."""
+    from dualexport.errors import OnnxLoweringError
+    from dualexport.exporters.onnx import OnnxExporter
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OnnxLoweringError("refused for this test", target="onnx")
+
+    monkeypatch.setattr(OnnxExporter, "lower", refuse)
+    res = dx.export_llm(deployed.model, max_seq_len=T, out_dir=tmp_path, tokenizer=deployed.tokenizer)
+    assert set(res.errors) == {"onnx"} and not res.artifacts
+    deploy = res.deploy
+    assert deploy.pte == tmp_path / "model.pte" and deploy.pte.is_file() and deploy.onnx is None
+    assert deploy.proofs["xnnpack"].worst_snr_db > 100 and "exact" in deploy.weights["xnnpack"]
+    assert "onnx" in deploy.skipped and not (tmp_path / "model.onnx").exists()
+
+
 def test_a_genai_file_with_layers_caches_swapped_is_refused(
     deployed: Deployed, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

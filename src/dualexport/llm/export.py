@@ -108,6 +108,7 @@ def export_llm(
 
             tok = resolve_tokenizer(tokenizer, source, resolved)
         targets = normalize_targets(target)
+        layouts: list[Any] = []  # the layout of the last export: the .pte's when no file was proven
         with recording() as timings:
             res = _export_llm(
                 resolved,
@@ -120,9 +121,20 @@ def export_llm(
                 strict=strict,
                 optimize=optimize,
                 options=options,
+                layouts=layouts,
             )
             if deploy:
-                res = _with_deploy_folder(res, resolved, tok, folder, name, options, quantize, targets)
+                res = _with_deploy_folder(
+                    res,
+                    resolved,
+                    tok,
+                    folder,
+                    name,
+                    options,
+                    quantize,
+                    targets,
+                    layouts[-1] if layouts else None,
+                )
         return dataclasses.replace(res, timings=tuple(timings))
 
 
@@ -145,16 +157,20 @@ def _with_deploy_folder(
     options: ExportOptions | None,
     quantize: str | None,
     targets: tuple[str, ...],
+    exported: Any,
 ) -> Any:
     """``res`` with its deploy folder written (see ``export_llm``); a deploy file that failed
-    is one more error of the result."""
+    is one more error of the result. ``exported``: the layout the program was exported with,
+    for a .pte made when no explicit file was published (the .onnx failed)."""
     from .deploy import write_deploy_folder
     from .layout import read_layout
 
-    if not res.artifacts:
+    if res.artifacts:
+        layout = read_layout(next(iter(res.artifacts.values())).path)
+    elif "xnnpack" in targets and exported is not None and res.program is not None:
+        layout = exported
+    else:
         return res
-    first = next(iter(res.artifacts.values())).path
-    layout = read_layout(first)
     opts = options or ExportOptions()
     if quantize is not None:
         opts = _quantized_opset(opts)
@@ -178,6 +194,7 @@ def _export_llm(
     strict: bool,
     optimize: bool,
     options: ExportOptions | None,
+    layouts: list[Any],
 ) -> Any:
     from .. import api
     from .attention import exported_attention
@@ -209,6 +226,7 @@ def _export_llm(
             def export(wrapped: DecoderWithCache, step: int) -> Any:
                 kind = "rows" if wrapped.mode == "rows" else "explicit"
                 lay = layout.with_past_step(step).with_cache(kind)
+                layouts.append(lay)
                 return api.export(
                     wrapped,
                     args,
