@@ -62,8 +62,15 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> Any:
         if case not in done:
             arch, scheme = CASES[case]
             model = make_model(arch)
+            # the explicit-cache .pte too: its int4 codes, delegation and manifest copies are
+            # what these tests read (a deploy export makes only the runner .pte by default)
             res = dx.export_llm(
-                model, max_seq_len=T, out_dir=tmp_path_factory.mktemp(case), name=arch, quantize=scheme
+                model,
+                max_seq_len=T,
+                out_dir=tmp_path_factory.mktemp(case),
+                name=arch,
+                quantize=scheme,
+                explicit_pte=True,
             )
             assert res.ok, dict(res.errors)
             report = generation_parity(res, model, prompts=prompts(), max_new_tokens=NEW)

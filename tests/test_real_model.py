@@ -61,7 +61,10 @@ def exports(real: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
                 out_dir=tmp_path_factory.mktemp(scheme),
                 quantize=None if scheme == "fp32" else scheme,
             )
-            assert res.ok and set(res.artifacts) == {"onnx", "xnnpack"}, dict(res.errors)
+            # a deploy export: the explicit-cache .onnx, and the runner .pte as the only .pte,
+            # its weights read back from the file when it was made
+            assert res.ok and set(res.artifacts) == {"onnx"}, dict(res.errors)
+            assert not {"missing", "mismatch"} & set(res.deploy.weights["xnnpack"])
             res.verify_weights()
             done[scheme] = res
         return done[scheme]
@@ -189,7 +192,8 @@ def test_int4_files_are_proven_and_hold_the_model(real: Any, exports: Any) -> No
     for target, nll in nlls(res, ids).items():
         assert nll - eager <= 0.5 * ao_rise, (target, nll, eager, ao_rise)
     checks = [v for a in res.artifacts.values() for v in a.outcome.proof.values]
-    assert len(checks) == 2 * 4  # the example and the three edges of the sequence range, per file
+    assert len(checks) == 4  # the .onnx: the example and the three edges of the sequence range
+    assert set(res.deploy.proofs) == {"xnnpack", "onnx"}  # each runner file, by its walks
 
 
 def test_int8_files_stay_within_0_03_of_fp32(real: Any, exports: Any) -> None:

@@ -64,6 +64,7 @@ def export_llm(
     options: ExportOptions | None = None,
     deploy: bool = True,
     tokenizer: Any = None,
+    explicit_pte: bool = False,
 ) -> Any:
     """Export a decoder for generation to ONNX and ExecuTorch/XNNPACK from one trace.
 
@@ -94,7 +95,9 @@ def export_llm(
     (the genai file is made from it), proven first, and the re-export cache go to
     ``out_dir/.dualexport`` (``res.artifacts``). The .pte is made from the shared program alone,
     with its value proof and the weight proof of its own copies (``res.deploy.weights``): no
-    explicit-cache .pte is made beside it unless the export targets XNNPACK alone.
+    explicit-cache .pte is made beside it unless the export targets XNNPACK alone or
+    ``explicit_pte=True`` asks for it (``dx.generate``'s explicit layout on ExecuTorch, the
+    manifest's per-copy record of the .pte).
     ``res.deploy`` lists the deploy files and their proofs. ``deploy=False`` writes only the
     explicit-cache files (both targets), into ``out_dir``.
     """
@@ -116,7 +119,7 @@ def export_llm(
                 max_seq_len=max_seq_len,
                 out_dir=folder / CACHE_FOLDER if deploy else folder,
                 name=name,
-                target=_explicit_targets(targets, deploy),
+                target=_explicit_targets(targets, deploy and not explicit_pte),
                 quantize=quantize,
                 strict=strict,
                 optimize=optimize,
