@@ -108,6 +108,7 @@ def _cmd_export_llm(ns: argparse.Namespace) -> int:
             options=ExportOptions(onnx_int4_accuracy_level=ns.ort_int4_accuracy_level),
             deploy=not ns.no_deploy,
             tokenizer=_tokenizer_source(ns) if not ns.no_deploy else None,
+            explicit_pte=ns.explicit_pte,
         )
     print_timings(out, res.timings)
     for t, art in res.artifacts.items():
@@ -252,6 +253,12 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
         "--no-deploy",
         action="store_true",
         help="write only dualexport's explicit-cache files (no runner files, no tokenizer)",
+    )
+    e.add_argument(
+        "--explicit-pte",
+        action="store_true",
+        help="also make the explicit-cache .pte of a deploy export (by default its only .pte is "
+        "the runner file, made and proven from the shared program)",
     )
     e.set_defaults(func=_cmd_export_llm)
     g = sub.add_parser(
