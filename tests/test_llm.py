@@ -238,7 +238,19 @@ def test_xnnpack_one_delegate_per_program(llm: Exported) -> None:
     qkv_proj and gate_up_proj, GPT-2's c_attn): their slices of a dynamic tensor were strict
     xfails until the slow run of 2026-12-02 showed both inside the bar."""
     res = llm.res
-    d = res.artifacts["xnnpack"].delegation if res.deploy is None else res.deploy.delegation["xnnpack"]
+    if res.deploy is not None:
+        # a deploy export's only .pte is its runner file: ExecuTorch's LLM ops (or the cache
+        # writes into its buffers) and the position read sit between the delegates, as in
+        # ExecuTorch's own LLM files (88-89% of a 2-layer model's compute ops delegated); none of
+        # the model's projections, norms, activations or attention math is left outside (an add
+        # may be: OPT's learned positions add an offset to the integer cache position)
+        d = res.deploy.delegation["xnnpack"]
+        assert d.subgraphs <= 2 + 2 and d.delegated_share >= 0.85, d.to_markdown()
+        model_ops = {"linear", "mean_dim", "rsqrt", "softmax", "bmm", "layer_norm", "gelu", "sigmoid", "relu"}
+        outside = set(d.non_delegated_ops())
+        assert not {op for op in outside if any(m in op for m in model_ops)}, d.to_markdown()
+        return
+    d = res.artifacts["xnnpack"].delegation
     assert d.subgraphs <= 2 + 2, d.to_markdown()
     assert d.delegated_share >= 0.90, d.to_markdown()
     assert not {"aten_index_put_default", "aten_any_dim", "aten_mean_dim"} & set(d.non_delegated_ops())
