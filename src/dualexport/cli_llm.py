@@ -199,6 +199,26 @@ def _cmd_generate(ns: argparse.Namespace) -> int:
     return _OK
 
 
+def _add_deploy_arguments(e: argparse.ArgumentParser) -> None:
+    """export-llm's options of the deploy folder."""
+    e.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the tokenizer to ship (a model folder or .gguf file); default: the model's own",
+    )
+    e.add_argument(
+        "--no-deploy",
+        action="store_true",
+        help="write only dualexport's explicit-cache files (no runner files, no tokenizer)",
+    )
+    e.add_argument(
+        "--explicit-pte",
+        action="store_true",
+        help="also make the explicit-cache .pte of a deploy export (by default its only .pte is "
+        "the runner file, made and proven from the shared program)",
+    )
+
+
 def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> None:
     """Add ``export-llm`` and ``generate`` to the CLI's subparsers."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -244,22 +264,7 @@ def add_llm_commands(sub: Any, common: argparse.ArgumentParser, epilog: str) -> 
         "--compare-tokens", type=int, default=8, metavar="N", help="new tokens per prompt (--compare)"
     )
     e.add_argument("--plain", action="store_true", help="turn every dualexport pass off")
-    e.add_argument(
-        "--tokenizer",
-        default=None,
-        help="the tokenizer to ship (a model folder or .gguf file); default: the model's own",
-    )
-    e.add_argument(
-        "--no-deploy",
-        action="store_true",
-        help="write only dualexport's explicit-cache files (no runner files, no tokenizer)",
-    )
-    e.add_argument(
-        "--explicit-pte",
-        action="store_true",
-        help="also make the explicit-cache .pte of a deploy export (by default its only .pte is "
-        "the runner file, made and proven from the shared program)",
-    )
+    _add_deploy_arguments(e)
     e.set_defaults(func=_cmd_export_llm)
     g = sub.add_parser(
         "generate",

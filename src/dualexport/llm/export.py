@@ -102,14 +102,9 @@ def export_llm(
     explicit-cache files (both targets), into ``out_dir``.
     """
     with typed_errors("export_llm"):
-        source = model if isinstance(model, (str, os.PathLike)) else None
         resolved, label = _resolve_model(model)
         folder = pathlib.Path(out_dir)
-        tok = None
-        if deploy:  # a tokenizer given wrongly is refused before the export, not after
-            from .deploy.tokenizer import resolve_tokenizer
-
-            tok = resolve_tokenizer(tokenizer, source, resolved)
+        tok = _deploy_tokenizer(tokenizer, model, resolved) if deploy else None
         targets = normalize_targets(target)
         layouts: list[Any] = []  # the layout of the last export: the .pte's when no file was proven
         with recording() as timings:
@@ -127,18 +122,16 @@ def export_llm(
                 layouts=layouts,
             )
             if deploy:
-                res = _with_deploy_folder(
-                    res,
-                    resolved,
-                    tok,
-                    folder,
-                    name,
-                    options,
-                    quantize,
-                    targets,
-                    layouts[-1] if layouts else None,
-                )
+                last = layouts[-1] if layouts else None
+                res = _with_deploy_folder(res, resolved, tok, folder, name, options, quantize, targets, last)
         return dataclasses.replace(res, timings=tuple(timings))
+
+
+def _deploy_tokenizer(tokenizer: Any, model: Any, resolved: nn.Module) -> Any:
+    """The tokenizer to ship, refused before the export (not after) when given wrongly."""
+    from .deploy.tokenizer import resolve_tokenizer
+
+    return resolve_tokenizer(tokenizer, model if isinstance(model, (str, os.PathLike)) else None, resolved)
 
 
 def _explicit_targets(targets: tuple[str, ...], deploy: bool) -> tuple[str, ...]:
